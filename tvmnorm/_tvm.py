@@ -1,0 +1,70 @@
+"""The one module that imports TVM.
+
+Everything else in tvmnorm reaches TVM through the names below, so a TVM upgrade (0.27 moved
+`tir` to `tirx` and schedules to `s_tir`) is handled here, and `import tvmnorm` stays cheap
+until a kernel is actually compiled.
+"""
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir import dlight
+
+TVM_VERSION = tvm.__version__
+FFI_VERSION = tvm_ffi.__version__
+
+# apache-tvm-ffi 0.1.15.x segfaults in tvm.ir.save_json, which MetaSchedule's database uses.
+_BAD_FFI_PREFIX = "0.1.15"
+if FFI_VERSION.startswith(_BAD_FFI_PREFIX):
+    raise ImportError(f"apache-tvm-ffi {FFI_VERSION} crashes MetaSchedule's JSON database; "
+                      f"install apache-tvm-ffi==0.1.14.post0")
+
+Schedule = s_tir.Schedule
+ScheduleError = s_tir.ScheduleError
+Trace = s_tir.Trace
+IRModule = tvm.IRModule
+PrimFunc = tirx.PrimFunc
+
+
+def target(spec: dict) -> "tvm.target.Target":
+    return tvm.target.Target(spec)
+
+
+def compile_module(mod, tgt):
+    return tvm.compile(mod, target=tgt)
+
+
+def load_module(path: str):
+    return tvm.runtime.load_module(path)
+
+
+def empty(shape, dtype, device):
+    return tvm.runtime.empty(shape, dtype, device)
+
+
+def cuda_available() -> bool:
+    try:
+        return bool(tvm.runtime.enabled("cuda")) and tvm.cuda(0).exist
+    except Exception:  # noqa: BLE001 - no driver means no CUDA, whatever the error
+        return False
+
+
+def llvm_system_cpu() -> str:
+    from tvm.target import codegen
+    return str(codegen.llvm_get_system_cpu())
+
+
+def cuda_device_arch(device_id: int = 0) -> str | None:
+    """sm_XY of the local GPU, or None without one."""
+    if not cuda_available():
+        return None
+    major, minor = tvm.cuda(device_id).compute_version.split(".")
+    return f"sm_{major}{minor}"
+
+
+def export_cuda_host(mod) -> str:
+    from tvm.backend.cuda import export_cuda_host as _export
+    return _export(mod)

@@ -1,0 +1,151 @@
+"""From keys to compiled code: scheduled PrimFuncs -> one module -> library + manifest.
+
+A library directory holds ``libtvmnorm.so`` and ``manifest.json``. The manifest stamps what the
+library was built from (tvmnorm's kernel-source hash, TVM and tvm-ffi versions, target and arch,
+the library's sha256) so the runtime can refuse a stale or damaged library instead of calling
+into it.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+from .key import NormKey
+from .targets import arch_of, target_spec
+
+MANIFEST = "manifest.json"
+LIBRARY = "libtvmnorm.so"
+FORMAT = 1
+_PKG = pathlib.Path(__file__).resolve().parent
+# Files whose change changes what a kernel computes or how it is scheduled.
+_SOURCE_GLOBS = ("key.py", "compute/*.py", "sched/*.py")
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash() -> str:
+    h = hashlib.sha256()
+    for pattern in _SOURCE_GLOBS:
+        for path in sorted(_PKG.glob(pattern)):
+            h.update(str(path.relative_to(_PKG)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
+    """part -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
+    (its trace replayed on the symbolic-row function) and the default rule otherwise."""
+    from . import compute
+    from ._tvm import Schedule, Trace
+    from .sched.default import default_schedule
+    from .key import DTYPE_BYTES
+    out = {}
+    for part, func in compute.kernel_funcs(key).items():
+        trace = (record or {}).get("parts", {}).get(part)
+        if trace is not None:
+            sch = Schedule(func.with_attr("global_symbol", "main"))
+            Trace.apply_json_to_schedule(trace, sch)
+        else:
+            sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
+        symbol = func.attrs["global_symbol"]
+        out[symbol] = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
+    return out
+
+
+def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
+    """Compile scheduled PrimFuncs into one executable (CUDA kernels as source, for NVRTC)."""
+    from ._tvm import IRModule, compile_module, target
+    ex = compile_module(IRModule(funcs), target(target_spec(kind, arch)))
+    if kind == "cuda" and [m.kind for m in ex.mod.imports] != ["cuda"]:
+        # an unscheduled function compiles silently into a host loop over device pointers
+        raise RuntimeError("CUDA build produced no device module; a kernel is unscheduled")
+    return ex
+
+
+def _export_cuda_host(funcs: dict, arch: str, so_path: pathlib.Path, workdir: pathlib.Path):
+    """Ahead-of-time CUDA: kernels + tvm-ffi host wrappers in one .cu, compiled by nvcc."""
+    import tvm_ffi.libinfo as ffi_info
+    from ._tvm import IRModule, compile_module, export_cuda_host, target
+    spec = dict(target_spec("cuda", arch), host={"kind": "cuda_host"})
+    src = export_cuda_host(compile_module(IRModule(funcs), target(spec)).mod)
+    cu = workdir / "tvmnorm_kernels.cu"
+    cu.write_text(src)
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    inc, libdir = ffi_info.find_include_path(), os.path.dirname(ffi_info.find_libtvm_ffi())
+    sm = arch.replace("sm_", "")
+    cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17",
+           "-gencode", f"arch=compute_{sm},code=sm_{sm}",
+           "-gencode", f"arch=compute_{sm},code=compute_{sm}",
+           "-I", inc, "-I", os.path.join(inc, "dlpack"), str(cu), "-o", str(so_path),
+           "-L", libdir, "-ltvm_ffi", "-cudart", "static"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed ({' '.join(cmd[:3])} ...):\n{res.stderr[-4000:]}")
+
+
+def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: str | None = None,
+                  log=print) -> dict:
+    """Compile ``keys`` into ``out_dir``/libtvmnorm.so + manifest.json; returns the manifest.
+
+    ``records`` maps packed key -> tuned record (schedules/<target>.json); other keys get the
+    default schedule. Written to a temporary directory first and moved in whole, so an
+    interrupted build never leaves a library that disagrees with its manifest.
+    """
+    from ._tvm import FFI_VERSION, TVM_VERSION
+    arch = arch_of(kind, arch)
+    records = records or {}
+    out_dir = pathlib.Path(out_dir)
+    keys = list(dict.fromkeys(keys))
+    funcs, entries = {}, []
+    for key in keys:
+        rec = records.get(key.pack())
+        kfuncs = scheduled_funcs(key, kind, rec)
+        funcs.update(kfuncs)
+        entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
+                        "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,
+                        "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default"})
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-build-", dir=out_dir.parent))
+    try:
+        so = tmp / LIBRARY
+        if kind == "cuda":
+            _export_cuda_host(funcs, arch, so, tmp)
+        else:
+            compile_funcs(funcs, kind, arch).export_library(str(so))
+        manifest = {
+            "format": FORMAT, "tvmnorm_source_hash": source_hash(), "tvm_version": TVM_VERSION,
+            "ffi_version": FFI_VERSION, "target": kind, "arch": arch, "target_spec": target_spec(kind, arch),
+            "library": LIBRARY, "sha256": file_sha256(so),
+            "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "kernels": entries,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        for leftover in tmp.glob("*.cu"):
+            leftover.unlink()
+        if out_dir.exists():
+            old = out_dir.with_name(out_dir.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"built {len(entries)} keys ({sum(e['origin'] == 'tuned' for e in entries)} tuned) -> "
+        f"{out_dir / LIBRARY}")
+    return manifest

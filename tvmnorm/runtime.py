@@ -1,0 +1,290 @@
+"""The runtime registry: NormKey -> callable kernel.
+
+Lookup follows dlight's shape, "not mine" is a value: the loaded tuned library answers if it
+has the key, otherwise the default schedule is compiled for that key (once per process, cached
+on disk across processes) and a one-time warning says so, in TransformerEngine's words.
+
+Kernel calling convention (all arrays are DLPack tensors, e.g. torch tensors passed directly;
+2-D arrays are [rows, hidden] and row-contiguous; outputs are allocated by the caller):
+
+  rmsnorm   fwd      k(x, gamma, y, rsigma, eps=)
+            fwd fp8  k(x, gamma, scale, y, rsigma, amax, eps=)          scale, amax: fp32 [1]
+  layernorm fwd      k(x, gamma, beta, y, mu, rsigma, eps=)
+            fwd fp8  k(x, gamma, beta, scale, y, mu, rsigma, amax, eps=)
+  rmsnorm   bwd      k(dy, x, rsigma, gamma, dx, dgamma)
+            bwd_add  k(dy, x, rsigma, gamma, dz, dx, dgamma)            dx = grad + dz
+  layernorm bwd      k(dy, x, mu, rsigma, gamma, dx, dgamma, dbeta)
+            bwd_add  k(dy, x, mu, rsigma, gamma, dz, dx, dgamma, dbeta)
+
+mu and rsigma are in ctype (fp32), one per row; ``k.signature`` lists the names in order.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pathlib
+import threading
+import warnings
+
+from .build import LIBRARY, MANIFEST, compile_funcs, file_sha256, scheduled_funcs, source_hash
+from .key import TVM_DTYPE, NormKey
+from .targets import KINDS, arch_of, target_name
+
+FALLBACK_MESSAGE = ("Falling back to general normalization kernel because no tuned kernel is available "
+                    "for this config. {}")
+DEFAULT_LIBRARY_ROOT = pathlib.Path(__file__).resolve().parent / "_lib"
+
+
+class FallbackWarning(UserWarning):
+    """A key has no tuned kernel; the general (default-schedule) kernel serves it."""
+
+
+class LibraryRefused(RuntimeWarning):
+    """A library failed verification; default kernels serve instead."""
+
+
+def signature(key: NormKey) -> list:
+    ln = key.norm == "layernorm"
+    if key.stage == "fwd":
+        ins = ["x", "gamma"] + (["beta"] if ln else []) + (["scale"] if key.fp8_out else [])
+        return ins + ["y"] + (["mu"] if ln else []) + ["rsigma"] + (["amax"] if key.fp8_out else [])
+    stats = ["mu", "rsigma"] if ln else ["rsigma"]
+    return (["dy", "x"] + stats + ["gamma"] + (["dz"] if key.stage == "bwd_add" else [])
+            + ["dx", "dgamma"] + (["dbeta"] if ln else []))
+
+
+def partials(rows: int, hidden: int, kind: str) -> int:
+    """How many partial dgamma rows the first wgrad stage writes. It depends only on the shape,
+    so dgamma is bitwise reproducible. On CUDA, enough (partial row x 128 columns) blocks to fill
+    132 SMs several times over; on the CPU a few tasks per core."""
+    if kind == "cuda":
+        want = max(32, (1 << 17) // max(hidden, 1))
+    else:
+        want = 4 * max(1, os.cpu_count() or 1)
+    return max(1, min(rows, want))
+
+
+def _alloc(like, shape, dtype: str):
+    """Scratch memory on the same device and from the same library as ``like``."""
+    mod = type(like).__module__
+    if mod.startswith("torch"):
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, {"float32": "float32", "float64": "float64"}[dtype]),
+                           device=like.device)
+    if mod.startswith("numpy"):
+        import numpy as np
+        return np.empty(shape, dtype=dtype)
+    from ._tvm import empty
+    import tvm_ffi
+    dev_type, dev_id = like.__dlpack_device__()
+    return empty(shape, dtype, tvm_ffi.device(int(dev_type), int(dev_id)))
+
+
+class NormKernel:
+    """One key's kernel: a callable over DLPack arrays, see the module docstring."""
+
+    def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str):
+        self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
+        self.signature = signature(key)
+        self._f = funcs  # part -> callable
+        self._ctype = TVM_DTYPE[key.ctype]
+
+    def __repr__(self):
+        return f"NormKernel({self.key.norm} {self.key.stage} {self.key.describe()}, {self.kind}, {self.origin})"
+
+    def __call__(self, *arrays, eps: float | None = None):
+        if len(arrays) != len(self.signature):
+            raise TypeError(f"{self.key.norm} {self.key.stage} kernel takes {len(self.signature)} arrays "
+                            f"({', '.join(self.signature)}), got {len(arrays)}")
+        a = dict(zip(self.signature, arrays))
+        rows = int(a["x"].shape[0])
+        if self.key.stage == "fwd":
+            if eps is None:
+                eps = 1e-5 if self.key.norm == "layernorm" else 1e-6
+            return self._fwd(a, rows, eps)
+        return self._bwd(a, rows)
+
+    def _fwd(self, a, rows, eps):
+        launch = rows > 0 or self.kind != "cuda"  # CUDA rejects an empty grid
+        names = [n for n in self.signature if n != "amax"]
+        args = [a[n] for n in names]
+        if self.key.fp8_out:
+            amax_row = _alloc(a["x"], (rows,), "float32")
+            if launch:
+                self._f["fwd"](*args, amax_row, float(eps))
+            self._f["amax"](amax_row, a["amax"])
+        elif launch:
+            self._f["fwd"](*args, float(eps))
+
+    def _bwd(self, a, rows):
+        ln = self.key.norm == "layernorm"
+        stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
+        if rows > 0 or self.kind != "cuda":
+            self._f["dx"](a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"])
+        p = partials(rows, self.key.hidden_size, self.kind)
+        parts = [_alloc(a["x"], (p, self.key.hidden_size), self._ctype) for _ in range(2 if ln else 1)]
+        self._f["wgrad"](a["dy"], a["x"], *stats, *parts)
+        self._f["finalize"](parts[0], a["dgamma"])
+        if ln:
+            self._f["finalize"](parts[1], a["dbeta"])
+
+
+def _kernel_from_module(key, kind, mod, prefix, tuned, origin):
+    from .compute.norms import parts_of
+    return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key)}, tuned, origin)
+
+
+class TunedLibrary:
+    """A verified library directory: manifest + libtvmnorm.so."""
+
+    def __init__(self, path, kind: str):
+        from ._tvm import FFI_VERSION, TVM_VERSION, cuda_device_arch, load_module
+        self.path = pathlib.Path(path)
+        mf = self.path / MANIFEST
+        try:
+            manifest = json.loads(mf.read_text())
+            so = self.path / manifest["library"]
+            kernels = {int(e["key"]): e for e in manifest["kernels"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"unreadable manifest {mf}: {e}") from None
+        problems = []
+        if manifest.get("target") != kind:
+            problems.append(f"it targets {manifest.get('target')}, not {kind}")
+        if manifest.get("tvm_version") != TVM_VERSION:
+            problems.append(f"built with TVM {manifest.get('tvm_version')}, running {TVM_VERSION}")
+        if manifest.get("ffi_version") != FFI_VERSION:
+            problems.append(f"built with tvm-ffi {manifest.get('ffi_version')}, running {FFI_VERSION}")
+        if manifest.get("tvmnorm_source_hash") != source_hash():
+            problems.append(f"built from kernel sources {manifest.get('tvmnorm_source_hash')}, "
+                            f"these are {source_hash()}")
+        here = cuda_device_arch() if kind == "cuda" else arch_of("llvm")
+        if kind == "cuda" and here is None:
+            problems.append("no CUDA device is available")
+        elif manifest.get("arch") != here:
+            problems.append(f"built for {manifest.get('arch')}, this machine is {here}")
+        if not so.is_file():
+            problems.append(f"{so.name} is missing")
+        elif file_sha256(so) != manifest.get("sha256"):
+            problems.append(f"{so.name} does not match the sha256 in its manifest")
+        if problems:
+            raise ValueError(f"library {self.path} refused: " + "; ".join(problems))
+        self.manifest, self.kernels = manifest, kernels
+        try:
+            self.module = load_module(str(so.resolve()))
+        except Exception as e:  # noqa: BLE001 - a broken .so must not take the process down
+            raise ValueError(f"library {self.path} refused: cannot load {so.name}: {e}") from None
+
+    def kernel(self, key: NormKey):
+        entry = self.kernels.get(key.pack())
+        if entry is None:
+            return None
+        return _kernel_from_module(key, self.manifest["target"], self.module, key.name,
+                                   entry["origin"] == "tuned", f"library:{entry['origin']}")
+
+
+def default_library_path(kind: str) -> pathlib.Path:
+    env = os.environ.get("TVMNORM_LIBRARY")
+    if env:
+        return pathlib.Path(env)
+    return DEFAULT_LIBRARY_ROOT / kind
+
+
+def cache_dir() -> pathlib.Path:
+    from ._tvm import FFI_VERSION, TVM_VERSION
+    root = pathlib.Path(os.environ.get("TVMNORM_CACHE", pathlib.Path.home() / ".cache" / "tvmnorm"))
+    return root / f"{source_hash()}-tvm{TVM_VERSION}-ffi{FFI_VERSION}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class Registry:
+    """Thread-safe key -> kernel map for one process."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._kernels = {}
+        self._libraries = {}
+        self._warned = set()
+
+    def library(self, kind: str):
+        with self._lock:
+            if kind not in self._libraries:
+                self._libraries[kind] = self._load_library(kind)
+            return self._libraries[kind]
+
+    def _load_library(self, kind):
+        path = default_library_path(kind)
+        explicit = "TVMNORM_LIBRARY" in os.environ
+        if not (path / MANIFEST).exists() and not (path / LIBRARY).exists():
+            if explicit:
+                warnings.warn(f"TVMNORM_LIBRARY={path} holds no tvmnorm library; default kernels serve",
+                              LibraryRefused, stacklevel=4)
+            return None
+        try:
+            return TunedLibrary(path, kind)
+        except ValueError as e:
+            warnings.warn(f"{e}. Default kernels serve instead.", LibraryRefused, stacklevel=4)
+            return None
+
+    def set_library(self, kind: str, path) -> None:
+        """Use the library at ``path`` for ``kind`` (raises ValueError if it is refused)."""
+        lib = TunedLibrary(path, kind) if path is not None else None
+        with self._lock:
+            self._libraries[kind] = lib
+            self._kernels = {k: v for k, v in self._kernels.items() if k[1] != kind}
+
+    def get(self, key: NormKey, kind: str) -> NormKernel:
+        if not isinstance(key, NormKey):
+            raise TypeError(f"key must be a NormKey, got {type(key).__name__}")
+        if kind not in KINDS:
+            raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
+        with self._lock:
+            hit = self._kernels.get((key, kind))
+            if hit is not None:
+                return hit
+            lib = self.library(kind)
+            kernel = lib.kernel(key) if lib is not None else None
+            if kernel is None:
+                if (key, kind) not in self._warned:
+                    self._warned.add((key, kind))
+                    warnings.warn(FALLBACK_MESSAGE.format(key.describe()), FallbackWarning, stacklevel=3)
+                kernel = self._default(key, kind)
+            self._kernels[(key, kind)] = kernel
+            return kernel
+
+    def _default(self, key, kind):
+        from ._tvm import load_module
+        path = cache_dir() / target_name(kind) / f"{key.name}.so"
+        with _file_lock(path.with_suffix(".lock")):
+            mod = None
+            if path.exists():
+                try:
+                    mod = load_module(str(path))
+                except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
+                    mod = None
+            if mod is None:
+                ex = compile_funcs(scheduled_funcs(key, kind), kind)
+                tmp = path.with_suffix(f".tmp{os.getpid()}.so")
+                ex.export_library(str(tmp))
+                os.replace(tmp, path)
+                mod = ex.mod
+        return _kernel_from_module(key, kind, mod, key.name, False, "default")
+
+
+REGISTRY = Registry()
+
+
+def get_kernel(key: NormKey, target: str = "llvm") -> NormKernel:
+    """The tuned kernel for ``key`` on ``target`` ("llvm" or "cuda"), or the default one."""
+    return REGISTRY.get(key, target)

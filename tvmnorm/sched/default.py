@@ -1,0 +1,121 @@
+"""The general fallback rule: a schedule for any key, any hidden size, any row count.
+
+It is correct for every shape (odd hidden sizes get predicated tails) and reasonable, not
+tuned: tuned records in ``schedules/`` beat it. The rule is the shared row schedule with knob
+values from a heuristic, so fallback and tuned kernels have the same structure.
+"""
+from __future__ import annotations
+
+from .._tvm import Schedule
+from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
+
+ROW_PARTS = ("fwd", "dx")
+
+
+def _pow2_at_least(v: int) -> int:
+    p = 1
+    while p < v:
+        p *= 2
+    return p
+
+
+def cuda_row_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
+    """Vector width: the widest of 16/8/4/2/1 bytes that divides the row, so every thread's
+    chunk is aligned (TE's rule: hidden * size % (threads * bytes_per_load) == 0 for no tail).
+    Threads: enough that each thread holds <= 8 vectors, one warp at least when the row has
+    the work, at most 1024. Small rows share a block so that a block has >= 128 threads."""
+    vec = 1
+    for nbytes in (16, 8, 4, 2):
+        if (hidden * elem_bytes) % nbytes == 0 and nbytes // elem_bytes >= 1 and nbytes % elem_bytes == 0:
+            vec = nbytes // elem_bytes
+            break
+    vectors = -(-hidden // vec)
+    threads = min(1024, max(32, _pow2_at_least(-(-vectors // 8))))
+    if vectors < 32:
+        threads = max(4, _pow2_at_least(vectors))
+    rows = max(1, min(1024 // threads, 128 // threads)) if threads < 128 else 1
+    return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256, cache="none")
+
+
+def cpu_row_heuristic(hidden: int) -> CpuRowConfig:
+    return CpuRowConfig(vec=16 if hidden >= 16 else 1, rows=max(1, 4096 // max(hidden, 1)))
+
+
+def _cuda_wgrad(func):
+    """One thread per (partial row, column), coalesced over columns, rows walked serially with
+    the running sums in registers (written to global once)."""
+    sch = Schedule(func)
+    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+    nout = len(sch.get(blk).writes)
+    q, j, t = sch.get_loops(blk)
+    jo, ji = sch.split(j, [None, 128])
+    sch.bind(q, "blockIdx.y")
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(ji, "threadIdx.x")
+    for wb in [sch.cache_write(blk, idx, "local") for idx in range(nout)]:
+        sch.reverse_compute_at(wb, ji)
+    return sch
+
+
+def _cuda_finalize(func):
+    sch = Schedule(func)
+    acc, out = sch.get_child_blocks(sch.get_sblock("root"))
+    (j,) = sch.get_loops(out)
+    jo, ji = sch.split(j, [None, 128])
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(ji, "threadIdx.x")
+    sch.compute_at(acc, ji)
+    sch.set_scope(acc, 0, "local")
+    return sch
+
+
+def _cuda_amax(func):
+    sch = Schedule(func)
+    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+    i, r = sch.get_loops(blk)
+    sch.bind(i, "blockIdx.x")
+    _, tx = sch.split(r, [None, 1024])
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+def _cpu_wgrad(func):
+    sch = Schedule(func)
+    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
+    q, j, t = sch.get_loops(blk)
+    sch.reorder(q, t, j)  # walk rows outermost so the inner loop is contiguous in memory
+    sch.parallel(q)
+    _, v = sch.split(j, [None, 16])
+    sch.vectorize(v)
+    return sch
+
+
+def _cpu_finalize(func):
+    sch = Schedule(func)
+    acc, out = sch.get_child_blocks(sch.get_sblock("root"))
+    j, q = sch.get_loops(acc)
+    sch.reorder(q, j)
+    return sch
+
+
+def _cpu_amax(func):
+    return Schedule(func)
+
+
+def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
+    """The fallback Schedule for one kernel part on a target kind ("cuda" or "llvm")."""
+    hidden = _hidden_of(func, part)
+    if target_kind == "cuda":
+        if part in ROW_PARTS:
+            return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
+        return {"wgrad": _cuda_wgrad, "finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
+    if part in ROW_PARTS:
+        return schedule_rows_cpu(func, cpu_row_heuristic(hidden))
+    return {"wgrad": _cpu_wgrad, "finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)
+
+
+def _hidden_of(func, part):
+    if part == "amax":
+        return 1
+    shape = func.params[0].shape
+    return int(shape[-1])

@@ -1,0 +1,166 @@
+"""The shared row-kernel schedule: every stage of a row runs inside one task.
+
+A "row kernel" (fwd, dx) is a chain of per-row reductions (sum of squares, mean, ...) followed by
+an elementwise output over the row. The schedule maps rows to CUDA blocks (or CPU tasks), puts
+every stage of a row under that row loop, and splits each stage's hidden loop over threads
+(CUDA) or vector lanes (CPU). Per-row reductions become warp-shuffle allreduces on CUDA.
+
+Config objects are frozen dataclasses: ``default.py`` fills them from a heuristic, ``space.py``
+samples them with MetaSchedule decisions. Every knob here is only a split factor, so a trace
+recorded on a static row count replays on the symbolic-row function.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .._tvm import Schedule, tirx
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaRowConfig:
+    threads: int = 256        # threads per row (threadIdx.x): 4..1024; < 32 is a partial warp
+    rows: int = 1             # rows per block (threadIdx.y)
+    vec: int = 1              # consecutive elements per thread per step (vector width)
+    unroll: int = 256         # pragma_auto_unroll_max_step on the per-thread loop
+    cache: str = "none"       # "shared": stage the row's 2-D inputs in shared memory, read HBM once
+
+    def __post_init__(self):
+        if self.cache not in ("none", "shared"):
+            raise ValueError(f"cache must be 'none' or 'shared', got {self.cache!r}")
+        if self.threads * self.rows > 1024:
+            raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuRowConfig:
+    vec: int = 16             # inner split of the hidden loop, vectorised on spatial stages
+    rows: int = 1             # rows per parallel task
+
+
+def is_output(sch, blk) -> bool:
+    root = sch.get(sch.get_sblock("root"))
+    temps = {b.name for b in root.alloc_buffers}
+    return any(w.source.name not in temps for w in sch.get(blk).writes)
+
+
+def is_reduction(sch, blk) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars)
+
+
+def _extent_is(sch, loop, value):
+    ext = sch.get(loop).extent
+    return isinstance(ext, tirx.IntImm) and ext.value == value
+
+
+def _inner_loop(sch, blk, depth):
+    """Fuse a block's loops below the ``depth`` row loops into one (dropping unit loops first:
+    fusing a unit row loop into a reduction hides it from LowerCrossThreadReduction)."""
+    inner = [lp for lp in sch.get_loops(blk)[depth:] if not _extent_is(sch, lp, 1)]
+    if not inner:
+        return sch.add_unit_loop(blk)
+    return sch.fuse(*inner) if len(inner) > 1 else inner[0]
+
+
+def _stage_row_scalars(sch, scope):
+    """Per-row outputs (rsigma, mu) that later stages read are written by one thread; the readers
+    would race on the global copy (no barrier guards global memory), so they read a copy in
+    ``scope`` instead, which ThreadSync guards."""
+    root = sch.get_sblock("root")
+    for blk in list(sch.get_child_blocks(root)):
+        if (is_output(sch, blk) and not is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 1
+                and sch.get_consumers(blk)):
+            sch.cache_write(blk, 0, scope, consumer_blocks=sch.get_consumers(blk))
+
+
+def _row_inputs(sch):
+    """Indices (block, read index) of the 2-D global inputs the row stages read, per buffer."""
+    func = sch.mod["main"]
+    params = {p.name: p for p in func.params}
+    found = {}
+    for blk in sch.get_child_blocks(sch.get_sblock("root")):
+        for idx, r in enumerate(sch.get(blk).reads):
+            buf = r.source
+            if buf.name in params and len(buf.shape) == 2 and buf.name not in found:
+                found[buf.name] = (blk, idx)
+    return found
+
+
+def _anchor(sch):
+    """The first stage; every later stage of a row kernel depends on it through a chain."""
+    return sch.get_child_blocks(sch.get_sblock("root"))[0]
+
+
+def _gather_under(sch, anchor, loop):
+    """Move every later stage under ``loop`` of the anchor (the first stage) by
+    reverse_compute_at, which follows the producer chain and accepts output blocks."""
+    root = sch.get_sblock("root")
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
+    for name in names[1:]:
+        sch.reverse_compute_at(sch.get_sblock(name), loop, preserve_unit_loops=True)
+    return [sch.get_sblock(n) for n in names]
+
+
+def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
+    """One row per (threadIdx.y, blockIdx.x); every stage of the row inside that block.
+
+    Per-row scalars (sum of squares, mean, rsigma, ...) live in registers: the allreduce leaves
+    each reduction's result in every thread of the row, and the scalar stages after it run
+    redundantly in every thread, so no shared memory and no barrier is needed between the
+    reduction and the output stage (a barrier inside the row-tail predicate is illegal, and a
+    global rsigma written by one thread and read by others would race). Only the stores of
+    per-row outputs are done by one thread.
+    """
+    sch = sch or Schedule(func)
+    root = sch.get_sblock("root")
+    _stage_row_scalars(sch, "local")
+    if cfg.cache == "shared":
+        for name, (blk, idx) in _row_inputs(sch).items():
+            readers = [b for b in sch.get_child_blocks(root)
+                       if any(r.source.name == name for r in sch.get(b).reads)]
+            if len(readers) > 1:  # read once from HBM, then from shared by every stage
+                sch.cache_read(blk, idx, "shared", consumer_blocks=readers)
+    anchor = _anchor(sch)
+    bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    blocks = _gather_under(sch, anchor, ty)
+    for blk in blocks:
+        scope = sch.get(blk).writes[0].source.scope()
+        if not is_output(sch, blk) and scope == "global":
+            for idx in range(len(sch.get(blk).writes)):  # a tuple reduction writes several
+                sch.set_scope(blk, idx, "local")
+            scope = "local"
+        two_d = len(sch.get(blk).iter_vars) == 2
+        if not two_d and scope == "local" and not is_reduction(sch, blk):
+            continue  # a per-row scalar computed by every thread of the row
+        loop = _inner_loop(sch, blk, 2)
+        vec = cfg.vec if two_d else 1
+        outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
+        sch.reorder(tx, outer, v)
+        sch.bind(tx, "threadIdx.x")
+        # 2-D copies (the shared staging) move memory only: vectorise them. Stages that do fp32
+        # math stay scalar per element (NVRTC rejects float32x8 arithmetic) and are unrolled.
+        if two_d and not is_reduction(sch, blk) and not is_output(sch, blk) and vec > 1:
+            sch.vectorize(v)
+        sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
+        sch.annotate(outer, "pragma_unroll_explicit", 1)
+    return sch
+
+
+def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
+    """Rows are parallel tasks; every stage of a row runs inside the task, so per-row temporaries
+    shrink to scalars; spatial stages are vectorised along the hidden axis."""
+    sch = sch or Schedule(func)
+    root = sch.get_sblock("root")
+    anchor = _anchor(sch)
+    task, r = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+    sch.parallel(task)
+    blocks = _gather_under(sch, anchor, r)
+    for blk in blocks:
+        loops = sch.get_loops(blk)[2:]
+        if len(loops) != 1 or _extent_is(sch, loops[0], 1):
+            continue
+        if not is_reduction(sch, blk) and cfg.vec > 1:
+            _, v = sch.split(loops[0], [None, cfg.vec])
+            sch.vectorize(v)
+    return sch
