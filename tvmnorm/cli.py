@@ -1,0 +1,146 @@
+"""`tvmnorm tune | build | list | bench` (arguments are parsed in main(), never at import)."""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from .key import DTYPES, NORMS, STAGES, NormKey
+from .shapes import hidden_sizes
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _csv(s):
+    return [v.strip() for v in s.split(",") if v.strip()]
+
+
+def add_key_args(p, stages_default="fwd,bwd"):
+    """Options that select a set of keys: shapes from the catalog or hidden sizes named directly."""
+    p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all")
+    p.add_argument("--hidden", default=None, help="hidden sizes, e.g. 768,4096 (instead of --shapes)")
+    p.add_argument("--norms", default="rmsnorm,layernorm", help="rmsnorm,layernorm")
+    p.add_argument("--stages", default=stages_default, help="fwd,bwd,bwd_add")
+    p.add_argument("--dtypes", default="bf16", help="itype=wtype=otype for each, e.g. bf16,fp16,fp32")
+    p.add_argument("--fp8", default=None, help="also fp8 forward keys with this otype (fp8e4m3|fp8e5m2)")
+    p.add_argument("--zero-centered-gamma", action="store_true", help="keys with zero-centred gamma")
+    p.add_argument("--keys", default=None, help="packed keys (decimal or 0x hex), comma separated")
+
+
+def keys_from_args(args) -> list:
+    if args.keys:
+        return [NormKey.unpack(int(k, 0)) for k in _csv(args.keys)]
+    if args.hidden:
+        try:
+            hiddens = [int(h) for h in _csv(args.hidden)]
+        except ValueError:
+            raise SystemExit(f"--hidden must be integers, got {args.hidden!r}") from None
+    else:
+        hiddens = hidden_sizes(args.shapes or "all")
+    norms, stages, dtypes = _csv(args.norms), _csv(args.stages), _csv(args.dtypes)
+    for name, vals, allowed in (("norm", norms, NORMS), ("stage", stages, STAGES), ("dtype", dtypes, DTYPES)):
+        bad = [v for v in vals if v not in allowed]
+        if bad:
+            raise SystemExit(f"unknown {name} {bad}; choose from {allowed}")
+    keys = []
+    for h in hiddens:
+        for norm in norms:
+            for stage in stages:
+                for dt in dtypes:
+                    keys.append(NormKey(norm=norm, stage=stage, itype=dt, wtype=dt, otype=dt, hidden_size=h,
+                                        zero_centered_gamma=args.zero_centered_gamma))
+                if args.fp8 and stage == "fwd":
+                    for dt in dtypes:
+                        keys.append(NormKey(norm=norm, stage="fwd", itype=dt, wtype=dt, otype=args.fp8,
+                                            hidden_size=h, zero_centered_gamma=args.zero_centered_gamma))
+    return list(dict.fromkeys(keys))
+
+
+def _records_for(kind):
+    from .tune import load_records
+    return load_records(kind)
+
+
+def cmd_build(args):
+    from .build import build_library
+    from .runtime import DEFAULT_LIBRARY_ROOT
+    keys = keys_from_args(args)
+    records = {} if args.no_tuned else _records_for(args.target)
+    if args.tuned_only:
+        keys = [NormKey.unpack(p) for p in records]
+    out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
+    build_library(keys, args.target, out, records=records)
+
+
+def cmd_list(args):
+    from .build import MANIFEST
+    from .runtime import default_library_path
+    path = pathlib.Path(args.library) if args.library else default_library_path(args.target)
+    mf = path / MANIFEST
+    if not mf.exists():
+        raise SystemExit(f"no library at {path} (run `tvmnorm build --target {args.target}` first)")
+    manifest = json.loads(mf.read_text())
+    print(f"# {path}: target={manifest['target']} arch={manifest['arch']} tvm={manifest['tvm_version']} "
+          f"ffi={manifest['ffi_version']} source={manifest['tvmnorm_source_hash']} "
+          f"sha256={manifest['sha256'][:12]}")
+    for e in manifest["kernels"]:
+        k = NormKey.unpack(int(e["key"]))
+        zc = ", zero_centered_gamma" if k.zero_centered_gamma else ""
+        print(f"{int(e['key']):#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  [{e['origin']}]")
+
+
+def cmd_tune(args):
+    from .tune import tune_main
+    tune_main(args, keys_from_args(args))
+
+
+def cmd_bench(args):
+    from .bench import bench_main
+    bench_main(args)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="tvmnorm", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("tune", help="tune keys with MetaSchedule and build the library")
+    p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
+    add_key_args(p)
+    p.add_argument("--trials", type=int, default=64, help="measured candidates per key")
+    p.add_argument("--logs", default=str(REPO / "tuning_logs"), help="raw MetaSchedule databases")
+    p.add_argument("--schedules", default=str(REPO / "schedules"), help="chosen records per target")
+    p.add_argument("--rows", type=int, default=None, help="row count to tune at (default: per target)")
+    p.add_argument("--no-build", action="store_true", help="do not build the library afterwards")
+    p.add_argument("--out", default=None, help="library directory (default: the package's)")
+    p.add_argument("--seed", type=int, default=1)
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("build", help="compile keys into a library with a manifest")
+    p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
+    add_key_args(p)
+    p.add_argument("--out", default=None, help="library directory (default: the package's)")
+    p.add_argument("--no-tuned", action="store_true", help="ignore schedules/ (default schedules only)")
+    p.add_argument("--tuned-only", action="store_true", help="only the keys that have tuned records")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("list", help="list the keys in a library")
+    p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
+    p.add_argument("--library", default=None, help="library directory")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("bench", help="benchmark tvmnorm against peers and the copy roofline")
+    try:
+        from .bench import add_bench_args
+        add_bench_args(p)
+    except ImportError:
+        pass
+    p.set_defaults(func=cmd_bench)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
