@@ -124,11 +124,9 @@ class NormKernel:
         if rows > 0 or self.kind != "cuda":
             self._f["dx"](a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"])
         p = partials(rows, self.key.hidden_size, self.kind)
-        parts = [_alloc(a["x"], (p, self.key.hidden_size), self._ctype) for _ in range(2 if ln else 1)]
-        self._f["wgrad"](a["dy"], a["x"], *stats, *parts)
-        self._f["finalize"](parts[0], a["dgamma"])
-        if ln:
-            self._f["finalize"](parts[1], a["dbeta"])
+        part = _alloc(a["x"], (2 if ln else 1, p, self.key.hidden_size), self._ctype)
+        self._f["wgrad"](a["dy"], a["x"], *stats, part)
+        self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
 def _kernel_from_module(key, kind, mod, prefix, tuned, origin):

@@ -13,9 +13,9 @@ fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row
 amax       amax_row[n] -> amax[1]                                    (fp8 fwd only)
 dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H]
            layernorm  dy, x, mu, rsigma, gamma, (dz), dx            (dz only for bwd_add)
-wgrad      rmsnorm    dy, x, rsigma, part_dgamma[p,H]
-           layernorm  dy, x, mu, rsigma, part_dgamma[p,H], part_dbeta[p,H]
-finalize   part[p,H] -> out[H] in wtype
+wgrad      rmsnorm    dy, x, rsigma, part[1,p,H]                    (dgamma partials)
+           layernorm  dy, x, mu, rsigma, part[2,p,H]                (dgamma, dbeta partials)
+finalize   part[s,p,H] -> dgamma[H] (, dbeta[H]) in wtype
 
 dgamma/dbeta use a deterministic two-stage reduction: ``wgrad`` sums rows i = q, q+p, q+2p, ...
 into partial row q (no atomics), ``finalize`` sums the p partials in a fixed order. The
@@ -127,11 +127,12 @@ def dx(key: NormKey, rows=None, name="dx"):
     dyg = lambda i, j: up(dy[i, j]) * g(j)  # noqa: E731
     k = te.reduce_axis((0, H), name="k")
     if mu is not None:
-        # one tuple reduction, so both row sums come from one pass and one block (two
-        # independent reductions could not both be scheduled under the output's row loop)
-        sum2 = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
-                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="sum2")
-        c1, c2 = te.compute((N,), lambda i: sum2((dyg(i, k), dyg(i, k) * xhat(i, k)), axis=k), name="c")
+        k1 = te.reduce_axis((0, H), name="k1")
+        c1 = te.compute((N,), lambda i: te.sum(dyg(i, k1), axis=k1), name="c1")
+        # sum((dyg - mean(dyg)) * xhat) equals sum(dyg * xhat) because sum(xhat) = 0; written this
+        # way c2 depends on c1, so the row's stages form one chain that the schedule can place
+        # under one row loop (TVM's tuple reductions, the other way, miscompile bf16 on llvm).
+        c2 = te.compute((N,), lambda i: te.sum((dyg(i, k) - c1[i] * inv_h) * xhat(i, k), axis=k), name="c2")
         corr = lambda i, j: (c1[i] + xhat(i, j) * c2[i]) * inv_h  # noqa: E731
     else:
         c2 = te.compute((N,), lambda i: te.sum(dyg(i, k) * xhat(i, k), axis=k), name="c2")
@@ -159,28 +160,29 @@ def wgrad(key: NormKey, rows=None, name="wgrad"):
     zero = tirx.const(0.0, c)
 
     t = te.reduce_axis((0, steps), name="t")
-    # te.sum(where=...) is dropped by create_prim_func, so the row guard sits inside the sum
-    guard = lambda q, f: te.if_then_else(t * P + q < N, f(t * P + q), zero)  # noqa: E731
-    dgamma = lambda q, j: guard(q, lambda i: up(dy[i, j]) * xhat(i, j))  # noqa: E731
-    if mu is None:
-        outs = [te.compute((P, H), lambda q, j: te.sum(dgamma(q, j), axis=t), name="part_dgamma")]
-    else:  # one tuple reduction: dy and x are read once for both partials
-        sum2 = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
-                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="sum2")
-        outs = list(te.compute((P, H), lambda q, j: sum2(
-            (dgamma(q, j), guard(q, lambda i: up(dy[i, j]))), axis=t), name="part"))
-    return _func([dy, x] + ([mu] if mu is not None else []) + [rs] + outs, name)
+    # part[0] accumulates dgamma, part[1] (LayerNorm) dbeta: one reduction block, so dy and x
+    # are read once for both (TVM's tuple reductions miscompile bf16 on llvm)
+    def term(s, i, j):
+        g = up(dy[i, j]) * xhat(i, j)
+        return g if mu is None else te.if_then_else(s == 0, g, up(dy[i, j]))
+    part = te.compute((2 if mu is not None else 1, P, H), lambda s, q, j: te.sum(te.if_then_else(
+        t * P + q < N, term(s, t * P + q, j), zero), axis=t), name="part")
+    return _func([dy, x] + ([mu] if mu is not None else []) + [rs, part], name)
 
 
 def finalize(key: NormKey, name="finalize"):
+    """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = te.var("p", "int64")
-    part = te.placeholder((P, H), c, name="part")
-    q = te.reduce_axis((0, P), name="q")
-    acc = te.compute((H,), lambda j: te.sum(part[q, j], axis=q), name="acc")
-    out = te.compute((H,), lambda j: acc[j].astype(TVM_DTYPE[key.wtype]), name="out")
-    return _func([part, out], name)
+    S = 2 if key.norm == "layernorm" else 1
+    part = te.placeholder((S, P, H), c, name="part")
+    outs = []
+    for s, nm in zip(range(S), ("dgamma", "dbeta")):
+        q = te.reduce_axis((0, P), name="q")
+        acc = te.compute((H,), lambda j: te.sum(part[s, q, j], axis=q), name=f"{nm}_acc")
+        outs.append(te.compute((H,), lambda j: acc[j].astype(TVM_DTYPE[key.wtype]), name=nm))
+    return _func([part] + outs, name)
 
 
 def kernel_funcs(key: NormKey, rows=None, prefix=None) -> dict:

@@ -43,29 +43,30 @@ def cpu_row_heuristic(hidden: int) -> CpuRowConfig:
 
 def _cuda_wgrad(func):
     """One thread per (partial row, column), coalesced over columns, rows walked serially with
-    the running sums in registers (written to global once)."""
+    the running sums (dgamma, and dbeta for LayerNorm) in registers, written to global once."""
     sch = Schedule(func)
     (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    nout = len(sch.get(blk).writes)
-    q, j, t = sch.get_loops(blk)
+    s, q, j, t = sch.get_loops(blk)
     jo, ji = sch.split(j, [None, 128])
+    sch.reorder(q, jo, ji, t, s)
     sch.bind(q, "blockIdx.y")
     sch.bind(jo, "blockIdx.x")
     sch.bind(ji, "threadIdx.x")
-    for wb in [sch.cache_write(blk, idx, "local") for idx in range(nout)]:
-        sch.reverse_compute_at(wb, ji)
+    sch.unroll(s)
+    sch.reverse_compute_at(sch.cache_write(blk, 0, "local"), ji)
     return sch
 
 
 def _cuda_finalize(func):
     sch = Schedule(func)
-    acc, out = sch.get_child_blocks(sch.get_sblock("root"))
-    (j,) = sch.get_loops(out)
-    jo, ji = sch.split(j, [None, 128])
-    sch.bind(jo, "blockIdx.x")
-    sch.bind(ji, "threadIdx.x")
-    sch.compute_at(acc, ji)
-    sch.set_scope(acc, 0, "local")
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for acc, out in zip(blocks[0::2], blocks[1::2]):  # (dgamma_acc, dgamma), (dbeta_acc, dbeta)
+        (j,) = sch.get_loops(out)
+        jo, ji = sch.split(j, [None, 128])
+        sch.bind(jo, "blockIdx.x")
+        sch.bind(ji, "threadIdx.x")
+        sch.compute_at(acc, ji)
+        sch.set_scope(acc, 0, "local")
     return sch
 
 
@@ -82,8 +83,8 @@ def _cuda_amax(func):
 def _cpu_wgrad(func):
     sch = Schedule(func)
     (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    q, j, t = sch.get_loops(blk)
-    sch.reorder(q, t, j)  # walk rows outermost so the inner loop is contiguous in memory
+    s, q, j, t = sch.get_loops(blk)
+    sch.reorder(q, t, s, j)  # walk rows outermost so the inner loop is contiguous in memory
     sch.parallel(q)
     _, v = sch.split(j, [None, 16])
     sch.vectorize(v)
@@ -92,9 +93,9 @@ def _cpu_wgrad(func):
 
 def _cpu_finalize(func):
     sch = Schedule(func)
-    acc, out = sch.get_child_blocks(sch.get_sblock("root"))
-    j, q = sch.get_loops(acc)
-    sch.reorder(q, j)
+    for acc in sch.get_child_blocks(sch.get_sblock("root"))[0::2]:
+        j, q = sch.get_loops(acc)
+        sch.reorder(q, j)
     return sch
 
 

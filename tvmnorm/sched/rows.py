@@ -23,6 +23,7 @@ class CudaRowConfig:
     vec: int = 1              # consecutive elements per thread per step (vector width)
     unroll: int = 256         # pragma_auto_unroll_max_step on the per-thread loop
     cache: str = "none"       # "shared": stage the row's 2-D inputs in shared memory, read HBM once
+    vload: bool = True        # per-thread register staging, so 2-D loads/stores are `vec` wide
 
     def __post_init__(self):
         if self.cache not in ("none", "shared"):
@@ -100,6 +101,23 @@ def _gather_under(sch, anchor, loop):
     return [sch.get_sblock(n) for n in names]
 
 
+def _vector_io(sch, blk, outer):
+    """Stage a thread's `vec` consecutive elements of each 2-D operand in registers, so the
+    global (or shared) accesses are single vector loads/stores while the fp32 math on them
+    stays scalar."""
+    names = [r.source.name for r in sch.get(blk).reads
+             if len(r.source.shape) == 2 and r.source.scope() in ("global", "shared")]
+    for name in names:
+        idx = [r.source.name for r in sch.get(blk).reads].index(name)
+        cache = sch.cache_read(blk, idx, "local", consumer_blocks=[blk])
+        sch.compute_at(cache, outer, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(cache)[-1])
+    if is_output(sch, blk) and not is_reduction(sch, blk):
+        wb = sch.cache_write(blk, 0, "local")
+        sch.reverse_compute_at(wb, outer, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(wb)[-1])
+
+
 def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     """One row per (threadIdx.y, blockIdx.x); every stage of the row inside that block.
 
@@ -142,6 +160,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # math stay scalar per element (NVRTC rejects float32x8 arithmetic) and are unrolled.
         if two_d and not is_reduction(sch, blk) and not is_output(sch, blk) and vec > 1:
             sch.vectorize(v)
+        elif two_d and cfg.vload and vec > 1:
+            _vector_io(sch, blk, outer)
         sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
         sch.annotate(outer, "pragma_unroll_explicit", 1)
     return sch
