@@ -1,0 +1,226 @@
+"""Host functions: torch tensors in, the runtime's kernels called over DLPack, torch tensors out.
+
+This is the only layer of ``tvmnorm.torch`` that touches a kernel. Everything here works on 2-D
+row-contiguous ``[rows, hidden]`` views; ``ops.py`` does the reshaping, the autograd and the
+``torch.library`` registration on top.
+
+What crosses into TVM, and why it is zero-copy:
+
+- ``x`` is viewed as ``[rows, hidden]`` (``Tensor.view``, never ``.contiguous()``) and handed to
+  the kernel as is; tvm-ffi wraps torch tensors through torch's DLPack exchange API without a
+  copy. Outputs (y, mu, rsigma, dx, dgamma, dbeta, amax) are allocated here by torch.
+- The kernels need compact rows (row stride == hidden). A view whose rows are padded, such as q
+  split out of a fused qkv projection, is rejected with a ``ValueError`` naming the stride,
+  rather than silently copied.
+- gamma/beta are ``[hidden]`` and cheap, so a strided or misaligned weight is copied (it is one
+  row, not an activation). The same holds for ``dy`` in the backward: autograd hands over
+  whatever layout the next op produced (``y.sum().backward()`` gives a stride-0 expand), and the
+  torch reference kernels copy it too.
+- On CUDA the kernels run on torch's current stream: tvm-ffi sets TVM's stream from the torch
+  tensors' DLPack exchange for the length of each call (guide section 7.4), so
+  ``with torch.cuda.stream(s):`` just works.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..key import MAX_HIDDEN, NormKey
+from ..runtime import get_kernel
+
+# torch dtype -> NormKey dtype name, per role.
+_FLOAT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+_FP8 = {torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}
+_NAMES = ", ".join(str(d) for d in (*_FLOAT, *_FP8))
+HALF = (torch.float32, torch.float16, torch.bfloat16)
+
+# (norm, stage, x dtype, w dtype, out dtype, hidden, zero-centred, target) -> NormKernel. The
+# runtime registry caches per key too, but behind a lock and a NormKey construction (field
+# validation); this dict makes a warm lookup one hash.
+_KERNELS: dict = {}
+
+
+def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, device: torch.device):
+    tag = (norm, stage, xdt, wdt, odt, hidden, zc, device.type)
+    k = _KERNELS.get(tag)
+    if k is None:
+        ctype = "fp64" if xdt == torch.float64 else "fp32"
+        otype = _FLOAT.get(odt) or _FP8[odt]
+        key = NormKey(norm=norm, stage=stage, itype=_FLOAT[xdt], wtype=_FLOAT[wdt], otype=otype,
+                      ctype=ctype, hidden_size=hidden, zero_centered_gamma=zc)
+        k = _KERNELS[tag] = get_kernel(key, "cuda" if device.type == "cuda" else "llvm")
+    return k
+
+
+def stat_dtype(xdt) -> torch.dtype:
+    """mu/rsigma are in the key's ctype: fp64 for the fp64 (gradcheck) kernels, fp32 otherwise."""
+    return torch.float64 if xdt == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks. They run on real and on fake tensors (torch.compile traces the fake implementations),
+# so they read only shapes, strides, dtypes and devices; pointer alignment is checked separately.
+
+def check_dtypes(op: str, x, weights, out_dtype, fp8: bool = False) -> None:
+    if x.dtype not in _FLOAT:
+        raise TypeError(f"{op}: x has unsupported dtype {x.dtype}; supported: float32, float16, bfloat16 "
+                        f"(float64 for gradcheck)")
+    for name, w in weights:
+        if w.dtype not in _FLOAT:
+            raise TypeError(f"{op}: {name} has unsupported dtype {w.dtype}; supported: float32, float16, "
+                            f"bfloat16 (float64 for gradcheck)")
+    if fp8:
+        if out_dtype not in _FP8:
+            raise TypeError(f"{op}: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {out_dtype}")
+    elif out_dtype not in _FLOAT:
+        raise TypeError(f"{op}: out_dtype {out_dtype} is not supported; supported: float32, float16, "
+                        f"bfloat16 (float64 for gradcheck)")
+    # fp64 kernels exist so that gradcheck can run through the real kernels; they are built with
+    # an fp64 compute type, which only makes sense when every operand is fp64.
+    dts = [x.dtype] + [w.dtype for _, w in weights] + ([] if fp8 else [out_dtype])
+    if torch.float64 in dts and any(d != torch.float64 for d in dts):
+        roles = ", ".join(f"{n}={d}" for n, d in zip(["x"] + [n for n, _ in weights] + ["out"], dts))
+        raise TypeError(f"{op}: float64 is only supported with x, weight, bias and output all float64 "
+                        f"(there is no mixed fp64 kernel); got {roles}")
+    if fp8 and x.dtype == torch.float64:
+        raise TypeError(f"{op}: fp8 output needs x in float32, float16 or bfloat16, got float64")
+
+
+def check_x(op: str, x, weights) -> int:
+    """Validate x against the weights and return the hidden size."""
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension (the normalized one), got a 0-dim tensor")
+    hidden = x.shape[-1]
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"{op}: the normalized (last) dimension of x has size {hidden}; supported sizes "
+                         f"are 1 .. {MAX_HIDDEN}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{op}: x is on {x.device}; tvmnorm runs on cpu and cuda tensors")
+    for name, w in weights:
+        if tuple(w.shape) != (hidden,):
+            raise ValueError(f"{op}: {name} must have shape [{hidden}] (the last dimension of x), "
+                             f"got {list(w.shape)}")
+        if w.device != x.device:
+            raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
+    if not x.is_contiguous():
+        # Row-contiguous == contiguous here: [.., hidden] viewed as [rows, hidden] with strides
+        # (hidden, 1). Say which of the two ways it fails, the padded-row one being the common
+        # q/k-split-of-qkv case.
+        if ((hidden == 1 or x.stride(-1) == 1) and x.dim() >= 2 and x.shape[-2] > 1
+                and x.stride(-2) > hidden):
+            raise ValueError(
+                f"{op}: x has rows with stride {x.stride(-2)} but hidden size {hidden} (strides "
+                f"{tuple(x.stride())} for shape {tuple(x.shape)}), e.g. a slice of a wider tensor such "
+                f"as q/k split out of a fused qkv; the kernels need compact rows (row stride == "
+                f"hidden). Pass x.contiguous() if a copy is acceptable.")
+        raise ValueError(f"{op}: x must be row-contiguous (viewable as [rows, {hidden}] with strides "
+                         f"({hidden}, 1)); got strides {tuple(x.stride())} for shape {tuple(x.shape)}. "
+                         f"Pass x.contiguous() if a copy is acceptable.")
+    return hidden
+
+
+def _alignment(hidden: int, elem_bytes: int) -> int:
+    """The pointer alignment a CUDA kernel may rely on for a [*, hidden] operand: the widest
+    vector load a schedule can use is the largest power of two <= 16 bytes dividing a row's
+    bytes (a wider one would be misaligned on the second row already), so a row-contiguous
+    tensor whose base has this alignment keeps every row aligned."""
+    nbytes = hidden * elem_bytes
+    a = 16
+    while nbytes % a:
+        a //= 2
+    return a
+
+
+def aligned(t: torch.Tensor, hidden: int) -> bool:
+    return t.device.type != "cuda" or t.data_ptr() % _alignment(hidden, t.element_size()) == 0
+
+
+def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
+    if not aligned(x, hidden):
+        raise ValueError(f"{op}: x's data pointer {x.data_ptr():#x} is not {_alignment(hidden, x.element_size())}"
+                         f"-byte aligned, which the CUDA kernels' vector loads need for hidden={hidden} "
+                         f"{x.dtype}; this comes from a view at an odd offset. Pass x.clone() if a copy "
+                         f"is acceptable.")
+
+
+def compact_weight(w: torch.Tensor, hidden: int) -> torch.Tensor:
+    """gamma/beta are one row: copy when strided or misaligned, which is cheap."""
+    if not w.is_contiguous() or not aligned(w, hidden):
+        w = w.clone(memory_format=torch.contiguous_format)
+    return w
+
+
+def compact_grad(dy: torch.Tensor, hidden: int) -> torch.Tensor:
+    dy = dy.contiguous()
+    if not aligned(dy, hidden):
+        dy = dy.clone()
+    return dy.view(-1, hidden)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host functions on [rows, hidden] tensors. x2 must be row-contiguous; the weights compact.
+
+def rms_fwd(x2, w, eps: float, zc: bool, out_dtype):
+    rows, hidden = x2.shape
+    y = torch.empty((rows, hidden), dtype=out_dtype, device=x2.device)
+    rs = torch.empty((rows,), dtype=stat_dtype(x2.dtype), device=x2.device)
+    kernel("rmsnorm", "fwd", x2.dtype, w.dtype, out_dtype, hidden, zc, x2.device)(x2, w, y, rs, eps=eps)
+    return y, rs
+
+
+def ln_fwd(x2, w, b, eps: float, zc: bool, out_dtype):
+    rows, hidden = x2.shape
+    y = torch.empty((rows, hidden), dtype=out_dtype, device=x2.device)
+    mu = torch.empty((rows,), dtype=stat_dtype(x2.dtype), device=x2.device)
+    rs = torch.empty((rows,), dtype=stat_dtype(x2.dtype), device=x2.device)
+    kernel("layernorm", "fwd", x2.dtype, w.dtype, out_dtype, hidden, zc, x2.device)(x2, w, b, y, mu, rs, eps=eps)
+    return y, mu, rs
+
+
+def _fp8_scale(scale, device):
+    return scale.reshape(1).to(device=device, dtype=torch.float32).contiguous()
+
+
+def rms_fwd_fp8(x2, w, scale, eps: float, zc: bool, fp8_dtype):
+    rows, hidden = x2.shape
+    y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
+    rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
+    amax = torch.zeros((1,), dtype=torch.float32, device=x2.device)
+    if rows:  # the core's amax reduction leaves its output unwritten for zero rows
+        kernel("rmsnorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
+            x2, w, _fp8_scale(scale, x2.device), y, rs, amax, eps=eps)
+    return y, amax
+
+
+def ln_fwd_fp8(x2, w, b, scale, eps: float, zc: bool, fp8_dtype):
+    rows, hidden = x2.shape
+    y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
+    mu = torch.empty((rows,), dtype=torch.float32, device=x2.device)
+    rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
+    amax = torch.zeros((1,), dtype=torch.float32, device=x2.device)
+    if rows:
+        kernel("layernorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
+            x2, w, b, _fp8_scale(scale, x2.device), y, mu, rs, amax, eps=eps)
+    return y, amax
+
+
+def rms_bwd(dy2, x2, rs, w, zc: bool):
+    rows, hidden = x2.shape
+    dx = torch.empty_like(x2)
+    if not rows:
+        # The core's wgrad reduction runs over zero rows and never writes its partial sums, so
+        # dgamma would be garbage: the gradient of an empty sum is zero, say so directly.
+        return dx, torch.zeros_like(w)
+    dw = torch.empty_like(w)
+    kernel("rmsnorm", "bwd", x2.dtype, w.dtype, dy2.dtype, hidden, zc, x2.device)(dy2, x2, rs, w, dx, dw)
+    return dx, dw
+
+
+def ln_bwd(dy2, x2, mu, rs, w, zc: bool):
+    rows, hidden = x2.shape
+    dx = torch.empty_like(x2)
+    if not rows:
+        return dx, torch.zeros_like(w), torch.zeros_like(w)
+    dw, db = torch.empty_like(w), torch.empty_like(w)
+    kernel("layernorm", "bwd", x2.dtype, w.dtype, dy2.dtype, hidden, zc, x2.device)(
+        dy2, x2, mu, rs, w, dx, dw, db)
+    return dx, dw, db

@@ -1,0 +1,349 @@
+"""Functional RMSNorm / LayerNorm on torch tensors: autograd and ``torch.library`` ops.
+
+Layers, thinnest first (STYLE.md lesson 6):
+
+    _host.py           kernels over DLPack on [rows, hidden] views
+    *_impl below       any leading shape -> [rows, hidden] view -> host function -> shaped back
+    RMSNormFunction /  torch.autograd.Function: fwd kernel (saves rsigma, and mu for LayerNorm)
+    LayerNormFunction  and bwd kernel; the eager path
+    tvmnorm::* ops     torch.library.custom_op with fake implementations and register_autograd,
+                       the same impls and the same backward; what torch.compile sees
+    rms_norm, ...      the public functions, picking one of the two
+
+Why two autograd wrappers around one implementation: a custom op goes through the dispatcher,
+which costs ~14 us per call on the CPU against ~5 us for an autograd.Function (torch 2.13), and a
+norm is a small kernel. Dynamo cannot trace into a TVM call, so while compiling the public
+functions call the registered op, which dynamo keeps in the graph as one node and AOTAutograd
+differentiates with the registered backward. Both paths run the same forward and backward code.
+Without grad, eager calls skip autograd altogether.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _host
+
+Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Implementations: checks, the [rows, hidden] view, the host call, the result shaped like x.
+
+def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
+    _host.check_dtypes(op, x, [("weight", w)], out_dtype)
+    hidden = _host.check_x(op, x, [("weight", w)])
+    _host.check_x_aligned(op, x, hidden)
+    y, rs = _host.rms_fwd(x.view(-1, hidden), _host.compact_weight(w, hidden), float(eps), zc, out_dtype)
+    return y.view(x.shape), rs
+
+
+def _ln_fwd_impl(x, w, b, eps, zc, out_dtype, op="layer_norm"):
+    _host.check_dtypes(op, x, [("weight", w), ("bias", b)], out_dtype)
+    hidden = _host.check_x(op, x, [("weight", w), ("bias", b)])
+    _host.check_x_aligned(op, x, hidden)
+    y, mu, rs = _host.ln_fwd(x.view(-1, hidden), _host.compact_weight(w, hidden), _host.compact_weight(b, hidden),
+                             float(eps), zc, out_dtype)
+    return y.view(x.shape), mu, rs
+
+
+def _rms_bwd_impl(dy, x, rs, w, zc):
+    hidden = x.shape[-1]
+    dx, dw = _host.rms_bwd(_host.compact_grad(dy, hidden), x.view(-1, hidden), rs,
+                           _host.compact_weight(w, hidden), zc)
+    return dx.view(x.shape), dw
+
+
+def _ln_bwd_impl(dy, x, mu, rs, w, zc):
+    hidden = x.shape[-1]
+    dx, dw, db = _host.ln_bwd(_host.compact_grad(dy, hidden), x.view(-1, hidden), mu, rs,
+                              _host.compact_weight(w, hidden), zc)
+    return dx.view(x.shape), dw, db
+
+
+def _rms_fp8_impl(x, w, scale, eps, zc, fp8_dtype, op="rms_norm_fp8"):
+    _host.check_dtypes(op, x, [("weight", w)], fp8_dtype, fp8=True)
+    hidden = _host.check_x(op, x, [("weight", w)])
+    _check_scale(op, scale, x)
+    _host.check_x_aligned(op, x, hidden)
+    y, amax = _host.rms_fwd_fp8(x.view(-1, hidden), _host.compact_weight(w, hidden), scale, float(eps), zc,
+                                fp8_dtype)
+    return y.view(x.shape), amax
+
+
+def _ln_fp8_impl(x, w, b, scale, eps, zc, fp8_dtype, op="layer_norm_fp8"):
+    _host.check_dtypes(op, x, [("weight", w), ("bias", b)], fp8_dtype, fp8=True)
+    hidden = _host.check_x(op, x, [("weight", w), ("bias", b)])
+    _check_scale(op, scale, x)
+    _host.check_x_aligned(op, x, hidden)
+    y, amax = _host.ln_fwd_fp8(x.view(-1, hidden), _host.compact_weight(w, hidden),
+                               _host.compact_weight(b, hidden), scale, float(eps), zc, fp8_dtype)
+    return y.view(x.shape), amax
+
+
+def _check_scale(op, scale, x):
+    if scale.numel() != 1:
+        raise ValueError(f"{op}: scale must hold one value (shape [] or [1]), got shape {list(scale.shape)}")
+    if scale.device != x.device:
+        raise ValueError(f"{op}: x is on {x.device} but scale is on {scale.device}")
+
+
+def hidden_of(x):
+    return x.shape[-1] if x.dim() else 1
+
+
+def _rows(x):
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager autograd.
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = x * rsigma * gamma (gamma = 1 + weight if zero-centred), rsigma = 1/sqrt(mean(x^2) + eps)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, zero_centered_gamma, out_dtype):
+        y, rs = _rms_fwd_impl(x, weight, eps, zero_centered_gamma, out_dtype)
+        ctx.save_for_backward(x, weight, rs)
+        ctx.zc = zero_centered_gamma
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rs = ctx.saved_tensors
+        dx, dw = _rms_bwd_impl(dy, x, rs, weight, ctx.zc)
+        return dx, dw, None, None, None
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """y = (x - mu) * rsigma * gamma + beta, rsigma = 1/sqrt(var(x) + eps) (biased variance)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, zero_centered_gamma, out_dtype):
+        y, mu, rs = _ln_fwd_impl(x, weight, bias, eps, zero_centered_gamma, out_dtype)
+        ctx.save_for_backward(x, weight, mu, rs)
+        ctx.zc = zero_centered_gamma
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mu, rs = ctx.saved_tensors
+        dx, dw, db = _ln_bwd_impl(dy, x, mu, rs, weight, ctx.zc)
+        return dx, dw, db, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library ops (what torch.compile traces). Fake implementations run the same checks, so
+# a bad call fails at trace time with the same message.
+
+@torch.library.custom_op("tvmnorm::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, zero_centered_gamma: bool,
+                 out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """-> (y shaped like x in out_dtype, rsigma [rows] in fp32 (fp64 for fp64 x))."""
+    return _rms_fwd_impl(x, weight, eps, zero_centered_gamma, out_dtype)
+
+
+@rms_norm_fwd.register_fake
+def _(x, weight, eps, zero_centered_gamma, out_dtype):
+    _host.check_dtypes("rms_norm", x, [("weight", weight)], out_dtype)
+    _host.check_x("rms_norm", x, [("weight", weight)])
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((_rows(x),), dtype=_host.stat_dtype(x.dtype))
+
+
+@torch.library.custom_op("tvmnorm::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(dy: Tensor, x: Tensor, rsigma: Tensor, weight: Tensor,
+                 zero_centered_gamma: bool) -> tuple[Tensor, Tensor]:
+    """-> (dx like x, dweight [hidden] in weight's dtype)."""
+    return _rms_bwd_impl(dy, x, rsigma, weight, zero_centered_gamma)
+
+
+@rms_norm_bwd.register_fake
+def _(dy, x, rsigma, weight, zero_centered_gamma):
+    return x.new_empty(x.shape), weight.new_empty((x.shape[-1],))
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, _, zc, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.zc = zc
+
+
+def _rms_backward(ctx, dy, _drsigma):
+    x, weight, rs = ctx.saved_tensors
+    dx, dw = rms_norm_bwd(dy, x, rs, weight, ctx.zc)
+    return dx, dw, None, None, None
+
+
+rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+@torch.library.custom_op("tvmnorm::layer_norm_fwd", mutates_args=())
+def layer_norm_fwd(x: Tensor, weight: Tensor, bias: Tensor, eps: float, zero_centered_gamma: bool,
+                   out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (y shaped like x in out_dtype, mu [rows], rsigma [rows]), stats in fp32 (fp64 for fp64 x)."""
+    return _ln_fwd_impl(x, weight, bias, eps, zero_centered_gamma, out_dtype)
+
+
+@layer_norm_fwd.register_fake
+def _(x, weight, bias, eps, zero_centered_gamma, out_dtype):
+    _host.check_dtypes("layer_norm", x, [("weight", weight), ("bias", bias)], out_dtype)
+    _host.check_x("layer_norm", x, [("weight", weight), ("bias", bias)])
+    sd = _host.stat_dtype(x.dtype)
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty((_rows(x),), dtype=sd),
+            x.new_empty((_rows(x),), dtype=sd))
+
+
+@torch.library.custom_op("tvmnorm::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd(dy: Tensor, x: Tensor, mu: Tensor, rsigma: Tensor, weight: Tensor,
+                   zero_centered_gamma: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (dx like x, dweight, dbias), the last two [hidden] in weight's dtype."""
+    return _ln_bwd_impl(dy, x, mu, rsigma, weight, zero_centered_gamma)
+
+
+@layer_norm_bwd.register_fake
+def _(dy, x, mu, rsigma, weight, zero_centered_gamma):
+    return x.new_empty(x.shape), weight.new_empty((x.shape[-1],)), weight.new_empty((x.shape[-1],))
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, _, _, zc, _ = inputs
+    ctx.save_for_backward(x, weight, output[1], output[2])
+    ctx.zc = zc
+
+
+def _ln_backward(ctx, dy, _dmu, _drsigma):
+    x, weight, mu, rs = ctx.saved_tensors
+    dx, dw, db = layer_norm_bwd(dy, x, mu, rs, weight, ctx.zc)
+    return dx, dw, db, None, None, None
+
+
+layer_norm_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
+
+
+@torch.library.custom_op("tvmnorm::rms_norm_fp8", mutates_args=())
+def rms_norm_fp8_op(x: Tensor, weight: Tensor, scale: Tensor, eps: float, zero_centered_gamma: bool,
+                    fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    return _rms_fp8_impl(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+@rms_norm_fp8_op.register_fake
+def _(x, weight, scale, eps, zero_centered_gamma, fp8_dtype):
+    _host.check_dtypes("rms_norm_fp8", x, [("weight", weight)], fp8_dtype, fp8=True)
+    _host.check_x("rms_norm_fp8", x, [("weight", weight)])
+    return x.new_empty(x.shape, dtype=fp8_dtype), x.new_empty((1,), dtype=torch.float32)
+
+
+@torch.library.custom_op("tvmnorm::layer_norm_fp8", mutates_args=())
+def layer_norm_fp8_op(x: Tensor, weight: Tensor, bias: Tensor, scale: Tensor, eps: float,
+                      zero_centered_gamma: bool, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    return _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+@layer_norm_fp8_op.register_fake
+def _(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype):
+    _host.check_dtypes("layer_norm_fp8", x, [("weight", weight), ("bias", bias)], fp8_dtype, fp8=True)
+    _host.check_x("layer_norm_fp8", x, [("weight", weight), ("bias", bias)])
+    return x.new_empty(x.shape, dtype=fp8_dtype), x.new_empty((1,), dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions.
+
+def _check_tensor(op, name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _affine(op, x, weight, bias, zc, with_bias):
+    """The (weight, bias) the kernel gets. A missing weight is the identity (ones, or zeros when
+    zero-centred, since the kernel scales by 1 + weight then), a missing bias zeros; neither
+    requires grad, so autograd drops their gradients."""
+    _check_tensor(op, "x", x)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            _check_tensor(op, name, t)
+    if with_bias and weight is not None and bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"{op}: weight ({weight.dtype}) and bias ({bias.dtype}) must have the same dtype: "
+                        f"the kernels take gamma and beta in one dtype")
+    ref = weight if weight is not None else bias
+    hidden = hidden_of(x)
+    wdt = ref.dtype if ref is not None else x.dtype
+    dev = ref.device if ref is not None else x.device
+    if weight is None:
+        weight = (torch.zeros if zc else torch.ones)(hidden, dtype=wdt, device=dev)
+    if with_bias and bias is None:
+        bias = torch.zeros(hidden, dtype=wdt, device=dev)
+    return weight, bias
+
+
+def _needs_grad(*ts):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, zero_centered_gamma: bool = False,
+             out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """RMSNorm over the last dimension of ``x`` (any leading shape): ``x / sqrt(mean(x**2) + eps) * g``
+    with ``g = weight`` (``1 + weight`` if ``zero_centered_gamma``; ``weight=None`` means no scale).
+
+    x and weight may be float32, float16 or bfloat16, independently (float64 when everything is,
+    for gradcheck). The result has x's shape and dtype, or ``out_dtype``. Differentiable in x and
+    weight; statistics are computed in fp32.
+    """
+    weight, _ = _affine("rms_norm", x, weight, None, zero_centered_gamma, False)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if torch.compiler.is_compiling():
+        return rms_norm_fwd(x, weight, eps, zero_centered_gamma, out_dtype)[0]
+    if _needs_grad(x, weight):
+        return RMSNormFunction.apply(x, weight, eps, zero_centered_gamma, out_dtype)
+    return _rms_fwd_impl(x, weight, eps, zero_centered_gamma, out_dtype)[0]
+
+
+def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float = 1e-5, *,
+               zero_centered_gamma: bool = False, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """LayerNorm over the last dimension of ``x``: ``(x - mean) / sqrt(var + eps) * g + bias`` with
+    the biased variance, ``g`` as in :func:`rms_norm`; ``bias=None`` means no shift. Same dtype
+    rules as :func:`rms_norm`; weight and bias share one dtype."""
+    weight, bias = _affine("layer_norm", x, weight, bias, zero_centered_gamma, True)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if torch.compiler.is_compiling():
+        return layer_norm_fwd(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
+    if _needs_grad(x, weight, bias):
+        return LayerNormFunction.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)
+    return _ln_fwd_impl(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
+
+
+def _scale_tensor(op, scale, x):
+    if not isinstance(scale, torch.Tensor):
+        return torch.full((1,), float(scale), dtype=torch.float32, device=x.device)
+    _check_scale(op, scale, x)
+    return scale.reshape(1).to(torch.float32)
+
+
+def rms_norm_fp8(x: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, *,
+                 fp8_dtype: torch.dtype = torch.float8_e4m3fn, zero_centered_gamma: bool = False):
+    """RMSNorm with a fused fp8 cast, as TransformerEngine's fp8 output: returns ``(y_fp8, amax)``
+    where ``y_fp8 = saturate(y * scale)`` in ``fp8_dtype`` (shaped like x) and ``amax = max|y|``
+    over the whole tensor *before* scaling, an fp32 tensor of shape [1] (0 for an empty x), for
+    the caller's delayed-scaling history. ``scale`` is a float or a one-element tensor.
+
+    Forward only: the result is meant as a GEMM input, not differentiated through (the outputs
+    never require grad)."""
+    weight, _ = _affine("rms_norm_fp8", x, weight, None, zero_centered_gamma, False)
+    scale = _scale_tensor("rms_norm_fp8", scale, x)
+    if torch.compiler.is_compiling():
+        return rms_norm_fp8_op(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+    with torch.no_grad():
+        return _rms_fp8_impl(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], scale, eps: float = 1e-5, *,
+                   fp8_dtype: torch.dtype = torch.float8_e4m3fn, zero_centered_gamma: bool = False):
+    """LayerNorm with a fused fp8 cast: ``(y_fp8, amax)`` as in :func:`rms_norm_fp8`."""
+    weight, bias = _affine("layer_norm_fp8", x, weight, bias, zero_centered_gamma, True)
+    scale = _scale_tensor("layer_norm_fp8", scale, x)
+    if torch.compiler.is_compiling():
+        return layer_norm_fp8_op(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+    with torch.no_grad():
+        return _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
