@@ -31,8 +31,26 @@ KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
                 "bwd": ("dx", "wgrad", "finalize"), "bwd_add": ("dx", "wgrad", "finalize")}
 
 # Saturating bound for each fp8 format: llvm's fp8 cast does not saturate (1000 -> -0.0156),
-# CUDA's does, so the clamp is written into the expression to make both agree.
+# CUDA's does, so the clamp is written into the expression to make both agree (and _to_fp8
+# encodes subnormals itself, which llvm's cast gets wrong).
 FP8_MAX = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}
+
+
+# Smallest normal and subnormal step of each fp8 format.
+FP8_MIN_NORMAL = {"fp8e4m3": 2.0 ** -6, "fp8e5m2": 2.0 ** -14}
+FP8_SUBNORMAL_STEP = {"fp8e4m3": 2.0 ** -9, "fp8e5m2": 2.0 ** -16}
+
+
+def _to_fp8(v, otype: str, dt: str):
+    """Round-to-nearest-even cast of an in-range value to fp8. llvm's cast is wrong below the
+    smallest normal (2^-6 * 0.75 -> 2^-6 * 0.5, 2^-6 / 8 -> 0), so subnormals are encoded
+    directly: the byte is sign | nearbyint(|v| / step), and a count of 2^mantissa is the
+    smallest normal, so the encoding stays exact up to the boundary."""
+    av = te.abs(v)
+    q = tirx.nearbyint(av * tirx.const(1.0 / FP8_SUBNORMAL_STEP[otype], dt)).astype("uint8")
+    byte = q | tirx.Select(v < tirx.const(0.0, dt), tirx.const(128, "uint8"), tirx.const(0, "uint8"))
+    return tirx.Select(av < tirx.const(FP8_MIN_NORMAL[otype], dt), tirx.reinterpret(TVM_DTYPE[otype], byte),
+                       v.astype(TVM_DTYPE[otype]))
 
 
 def parts_of(key: NormKey) -> tuple:
@@ -88,8 +106,8 @@ def fwd(key: NormKey, rows=None, name="fwd"):
         return _func(ins + [y] + stats + [eps], name)
     scale = te.placeholder((1,), "float32", name="scale")
     m = tirx.const(FP8_MAX[key.otype], c)
-    y = te.compute((N, H), lambda i, j: te.max(te.min(yf(i, j) * up(scale[0]), m), -m).astype(
-        TVM_DTYPE[key.otype]), name="y")
+    y = te.compute((N, H), lambda i, j: _to_fp8(te.max(te.min(yf(i, j) * up(scale[0]), m), -m), key.otype, c),
+                   name="y")
     ka = te.reduce_axis((0, H), name="ka")
     amax = te.compute((N,), lambda i: te.max(te.abs(yf(i, ka)).astype("float32"), axis=ka), name="amax_row")
     return _func(ins + [scale, y] + stats + [amax, eps], name)

@@ -1,0 +1,273 @@
+"""Shared test helpers: seeds, input generation, NaN-poisoned outputs, kernel calls, and the
+per-dtype tolerance table, all checked against tvmnorm.reference (float64 numpy).
+
+Seeds: every test gets its own seed, crc32(test id) xor TVMNORM_TEST_SEED (default 0), printed
+in every failure message; set TVMNORM_TEST_SEED to explore other data.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from tvmnorm import reference as ref
+from tvmnorm.key import NormKey
+
+PKG_LIB = pathlib.Path(__file__).resolve().parent.parent / "tvmnorm" / "_lib"
+BASE_SEED = int(os.environ.get("TVMNORM_TEST_SEED", "0"))
+
+TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64,
+               "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+
+# Per-dtype tolerance table. A kernel output o of the reference value r passes when
+#     |o - r| <= ROUND[dtype] * |r| + TINY[dtype] + COMPUTE[ctype] * magnitude
+# ROUND is the unit roundoff of the output dtype (round to nearest: half an ulp, relative), the
+# error of the final cast; TINY is half the subnormal spacing, the cast's absolute error below
+# the smallest normal. COMPUTE bounds the kernel's arithmetic in its compute type relative
+# to the magnitude of the terms that were combined (|xhat*g| + |beta| for y, where |xhat| counts
+# as (|x| + |mu|) * rsigma because x - mu cancels when x has an offset; the root sum of
+# squares of the summed terms for dgamma/dbeta, which scales like sqrt(rows)), so cancellation
+# never turns into an unbounded relative error.
+ROUND = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp64": 2.0 ** -53}
+TINY = {"fp32": 2.0 ** -150, "fp16": 2.0 ** -25, "bf16": 2.0 ** -134, "fp64": 0.0}
+COMPUTE = {"fp32": 1e-5, "fp64": 1e-12}
+# rsigma and mu are stored in ctype: relative to |rsigma| and to mean|x| (mu can be ~0). They
+# come from a sum over the row, whose rounding error grows like sqrt(hidden): 1e-5 up to hidden
+# ~1000 in fp32, 4 unit roundoffs x sqrt(hidden) beyond.
+UNIT = {"fp32": 2.0 ** -24, "fp64": 2.0 ** -53}
+
+
+def stats_rtol(ctype: str, hidden: int) -> float:
+    return max(COMPUTE[ctype], 4 * UNIT[ctype] * hidden ** 0.5)
+
+
+def pytest_report_header(config):
+    return f"tvmnorm test seed base: TVMNORM_TEST_SEED={BASE_SEED}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Default-kernel cache in a session tmp dir (never ~/.cache), no library from the
+    environment, and a guard that no test writes into the package's tvmnorm/_lib."""
+    def snapshot():
+        if not PKG_LIB.exists():
+            return None
+        return sorted((str(p.relative_to(PKG_LIB)), p.stat().st_mtime_ns) for p in PKG_LIB.rglob("*"))
+
+    before = snapshot()
+    saved = {k: os.environ.get(k) for k in ("TVMNORM_CACHE", "TVMNORM_LIBRARY")}
+    os.environ["TVMNORM_CACHE"] = str(tmp_path_factory.mktemp("tvmnorm-cache"))
+    os.environ.pop("TVMNORM_LIBRARY", None)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    assert snapshot() == before, f"tests wrote into the package library directory {PKG_LIB}"
+
+
+@pytest.fixture
+def seed(request) -> int:
+    return zlib.crc32(request.node.nodeid.encode()) ^ BASE_SEED
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+class KernelCache:
+    """Compiles each key once (per test module) through a private Registry with no library, so
+    the default schedules are what is tested and no state leaks between modules."""
+
+    def __init__(self, kind: str = "llvm"):
+        from tvmnorm.runtime import Registry
+        self.kind = kind
+        self.registry = Registry()
+        self.registry.set_library(kind, None)
+
+    def __call__(self, key: NormKey):
+        from tvmnorm.runtime import FallbackWarning
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FallbackWarning)
+            return self.registry.get(key, self.kind)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return KernelCache("llvm")
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs and calls
+
+
+def tensor(values: np.ndarray, dtype: str, device="cpu") -> torch.Tensor:
+    """float64 values -> a contiguous tensor of ``dtype`` (rounded once)."""
+    return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=TORCH_DTYPE[dtype])
+
+
+def poisoned(shape, dtype: str, device="cpu") -> torch.Tensor:
+    """An output buffer filled with NaN, so an element the kernel does not write fails the check."""
+    return torch.full(shape, float("nan"), dtype=TORCH_DTYPE[dtype], device=device)
+
+
+def f64(t) -> np.ndarray:
+    return t.detach().cpu().to(torch.float64).numpy()
+
+
+def make_inputs(key: NormKey, rows: int, rng: np.random.Generator, device="cpu") -> dict:
+    """Random inputs for every input of ``key``'s kernel, never zeros: x has a per-row offset
+    (LayerNorm must remove it) and a per-row spread; gamma is around 1 (around 0 when
+    zero-centred, which stores gamma - 1). For bwd, mu and rsigma are the float64 reference
+    statistics rounded to ctype, as a forward pass would have saved them."""
+    H = key.hidden_size
+    offset = rng.normal(0.0, 2.0, (rows, 1))
+    spread = rng.uniform(0.5, 3.0, (rows, 1))
+    x = tensor(offset + spread * rng.standard_normal((rows, H)), key.itype, device)
+    g0 = 0.0 if key.zero_centered_gamma else 1.0
+    a = {"x": x, "gamma": tensor(g0 + 0.5 * rng.standard_normal(H), key.wtype, device)}
+    if key.norm == "layernorm":
+        a["beta"] = tensor(0.5 * rng.standard_normal(H), key.wtype, device)
+    if key.stage == "fwd":
+        if key.fp8_out:
+            a["scale"] = tensor(np.array([rng.uniform(0.5, 2.0)]), "fp32", device)
+        return a
+    a.pop("beta", None)
+    st = ref.fwd(key.norm, f64(x), f64(a["gamma"]), np.zeros(H), zero_centered_gamma=key.zero_centered_gamma)
+    a["rsigma"] = tensor(st["rsigma"], key.ctype, device)
+    if key.norm == "layernorm":
+        a["mu"] = tensor(st["mu"], key.ctype, device)
+    a["dy"] = tensor(rng.standard_normal((rows, H)), key.otype, device)
+    if key.stage == "bwd_add":
+        a["dz"] = tensor(rng.standard_normal((rows, H)), key.itype, device)
+    return a
+
+
+def output_specs(key: NormKey, rows: int) -> dict:
+    """name -> (shape, dtype) of every output of ``key``'s kernel."""
+    H, c = key.hidden_size, key.ctype
+    if key.stage == "fwd":
+        out = {"y": ((rows, H), key.otype)}
+        if key.norm == "layernorm":
+            out["mu"] = ((rows,), c)
+        out["rsigma"] = ((rows,), c)
+        if key.fp8_out:
+            out["amax"] = ((1,), "fp32")
+        return out
+    out = {"dx": ((rows, H), key.itype), "dgamma": ((H,), key.wtype)}
+    if key.norm == "layernorm":
+        out["dbeta"] = ((H,), key.wtype)
+    return out
+
+
+def call(kernel, inputs: dict, rows: int, device="cpu", eps=None) -> dict:
+    """Poison every output with NaN, call the kernel in its signature order, return the outputs."""
+    outs = {n: poisoned(s, d, device) for n, (s, d) in output_specs(kernel.key, rows).items()}
+    args = [inputs[n] if n in inputs else outs[n] for n in kernel.signature]
+    kernel(*args, eps=eps) if kernel.key.stage == "fwd" else kernel(*args)
+    return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+
+
+def assert_close(what: str, got, want, allowed, context: str = ""):
+    """|got - want| <= allowed elementwise (float64; NaN in got fails), with the worst element
+    named on failure."""
+    got, want = f64(got) if isinstance(got, torch.Tensor) else np.asarray(got, np.float64), np.asarray(want)
+    allowed = np.broadcast_to(np.asarray(allowed, np.float64), want.shape)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape} {context}"
+    err = np.abs(got - want)
+    bad = ~(err <= allowed)  # NaN counts as bad
+    if bad.any():
+        ratio = np.where(np.isnan(err), np.inf, err / np.maximum(allowed, 1e-300))
+        i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{bad.size} elements out of tolerance ({context}); worst at {i}: "
+            f"got {got[i]!r}, want {want[i]!r}, |err| {err[i]:.3g} > allowed {allowed[i]:.3g}; "
+            f"NaNs in output: {int(np.isnan(got).sum())}")
+
+
+def cast_tol(dtype: str, want) -> np.ndarray:
+    """The final cast's error bound: half an ulp of the value, or of the smallest subnormal."""
+    return ROUND[dtype] * np.abs(want) + TINY[dtype]
+
+
+def check_outputs(key: NormKey, inputs: dict, outs: dict, context: str, eps=None):
+    """Compare a kernel's outputs against tvmnorm.reference on the same (rounded) inputs."""
+    zc = key.zero_centered_gamma
+    x, gamma = f64(inputs["x"]), f64(inputs["gamma"])
+    g = gamma + 1.0 if zc else gamma
+    u_c = COMPUTE[key.ctype]
+    if key.stage == "fwd":
+        beta = f64(inputs["beta"]) if "beta" in inputs else None
+        r = ref.fwd(key.norm, x, gamma, beta, eps=eps, zero_centered_gamma=zc)
+        centre = np.abs(r["mu"])[:, None] if key.norm == "layernorm" else 0.0
+        xhat_mag = (np.abs(x) + centre) * r["rsigma"][:, None]
+        mag = xhat_mag * np.abs(g) + (np.abs(beta) if beta is not None else 0.0)
+        st = stats_rtol(key.ctype, key.hidden_size)
+        assert_close("rsigma", outs["rsigma"], r["rsigma"], st * np.abs(r["rsigma"]), context)
+        if key.norm == "layernorm":
+            assert_close("mu", outs["mu"], r["mu"], st * (np.abs(r["mu"]) + np.mean(np.abs(x), axis=-1)),
+                         context)
+        if key.fp8_out:
+            check_fp8(key, outs, r["y"], mag, f64(inputs["scale"])[0], context)
+        else:
+            assert_close("y", outs["y"], r["y"], cast_tol(key.otype, r["y"]) + u_c * mag, context)
+        return
+    dy, rs = f64(inputs["dy"]), f64(inputs["rsigma"])
+    mu = f64(inputs["mu"]) if "mu" in inputs else None
+    dz = f64(inputs["dz"]) if "dz" in inputs else None
+    r = ref.bwd(key.norm, dy, x, rs, gamma, mu=mu, dz=dz, zero_centered_gamma=zc)
+    # |xhat| as (|x| + |mu|) * rsigma: the magnitude of what x - mu cancels
+    xhat_mag = (np.abs(x) + (np.abs(mu)[:, None] if mu is not None else 0.0)) * rs[:, None]
+    dyg = dy * g
+    mag = rs[:, None] * (np.abs(dyg) + xhat_mag * np.mean(np.abs(dyg) * xhat_mag, axis=-1, keepdims=True)
+                         + (np.mean(np.abs(dyg), axis=-1, keepdims=True) if mu is not None else 0.0))
+    if dz is not None:
+        mag = mag + np.abs(dz)
+    assert_close("dx", outs["dx"], r["dx"], cast_tol(key.itype, r["dx"]) + u_c * mag, context)
+    # dgamma/dbeta sum over rows in another order than numpy: the error grows like the root sum
+    # of squares of the terms (~ sqrt(rows) for O(1) terms)
+    rss = lambda t: np.sqrt(np.sum(t * t, axis=0))  # noqa: E731
+    assert_close("dgamma", outs["dgamma"], r["dgamma"],
+                 cast_tol(key.wtype, r["dgamma"]) + u_c * rss(dy * xhat_mag), context)
+    if key.norm == "layernorm":
+        assert_close("dbeta", outs["dbeta"], r["dbeta"], cast_tol(key.wtype, r["dbeta"]) + u_c * rss(dy),
+                     context)
+
+
+# fp8 formats: mantissa bits and smallest normal (below it the step is the subnormal step)
+FP8_MANTISSA = {"fp8e4m3": 3, "fp8e5m2": 2}
+FP8_MIN_NORMAL = {"fp8e4m3": 2.0 ** -6, "fp8e5m2": 2.0 ** -14}
+
+
+def check_fp8(key: NormKey, outs: dict, y_ref: np.ndarray, mag: np.ndarray, scale: float, context: str):
+    """fp8 y against the reference quantisation of the float64 y: bitwise equal except where the
+    kernel's fp32 y sits within its compute error of an fp8 rounding boundary (then one fp8
+    step apart), and amax = max|y| before scaling."""
+    q_ref, amax_ref = ref.fp8_quantize(y_ref, scale, key.otype)
+    got = f64(outs["y"])
+    step = np.maximum(np.abs(q_ref), FP8_MIN_NORMAL[key.otype]) * 2.0 ** -FP8_MANTISSA[key.otype]
+    assert_close("y (fp8)", got, q_ref, step, context)
+    # elements whose exact scaled value is not within the compute error of a rounding boundary
+    # (midpoint between neighbours) must match bit for bit
+    y_s = np.clip(y_ref * scale, -ref.FP8_MAX[key.otype], ref.FP8_MAX[key.otype])
+    slack = COMPUTE[key.ctype] * mag * scale
+    lo, _ = ref.fp8_quantize(y_s - slack, 1.0, key.otype)
+    hi, _ = ref.fp8_quantize(y_s + slack, 1.0, key.otype)
+    safe = lo == hi
+    mism = safe & (got != q_ref)
+    assert not mism.any(), (f"y (fp8): {int(mism.sum())} elements differ from the reference quantisation "
+                            f"away from rounding boundaries ({context}); first at "
+                            f"{np.argwhere(mism)[0]}: got {got[mism][0]}, want {q_ref[mism][0]}")
+    assert_close("amax", outs["amax"], np.array([amax_ref]), COMPUTE[key.ctype] * amax_ref, context)
+

@@ -1,0 +1,130 @@
+"""Default-schedule kernels on llvm against the float64 reference (tvmnorm.reference).
+
+Every output is poisoned with NaN before every call, every test draws fresh data from its own
+seed, and tolerances come from the per-dtype table in conftest.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import call, check_outputs, f64, make_inputs
+from tvmnorm.key import NormKey
+
+STAGES = ("fwd", "bwd", "bwd_add")
+NORMS = ("rmsnorm", "layernorm")
+DTYPES = ("fp32", "fp16", "bf16")
+HIDDENS = (1, 128, 1000, 4095, 7168)
+ROWS = (1, 3, 257)
+
+
+def run_and_check(kernels, key, rows, rng, seed, eps=None):
+    inputs = make_inputs(key, rows, rng)
+    outs = call(kernels(key), inputs, rows, eps=eps)
+    check_outputs(key, inputs, outs, f"{key.name} rows={rows} seed={seed}", eps=eps)
+    return inputs, outs
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", STAGES)
+def test_matrix(kernels, stage, norm, dtype, hidden, rows, rng, seed):
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    run_and_check(kernels, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (3, 257))
+@pytest.mark.parametrize("hidden", (1, 128, 1000, 4095))
+@pytest.mark.parametrize("dtype", ("fp32", "bf16"))
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", STAGES)
+def test_zero_centered_gamma(kernels, stage, norm, dtype, hidden, rows, rng, seed):
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden,
+                  zero_centered_gamma=True)
+    run_and_check(kernels, key, rows, rng, seed)
+
+
+MIXED = [  # (itype, wtype, otype)
+    ("bf16", "fp32", "bf16"),
+    ("fp16", "fp32", "fp16"),
+    ("bf16", "fp32", "fp32"),
+    ("fp32", "bf16", "bf16"),
+    ("fp16", "bf16", "fp32"),
+]
+
+
+@pytest.mark.parametrize("rows", (3, 257))
+@pytest.mark.parametrize("types", MIXED, ids=lambda t: "x{}-w{}-o{}".format(*t))
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", STAGES)
+def test_mixed_dtypes(kernels, stage, norm, types, rows, rng, seed):
+    itype, wtype, otype = types
+    key = NormKey(norm=norm, stage=stage, itype=itype, wtype=wtype, otype=otype, hidden_size=1000)
+    run_and_check(kernels, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fp64_compute(kernels, stage, norm, rng, seed):
+    """fp64 in, out and compute (the gradcheck-grade configuration) at fp64 tolerances."""
+    key = NormKey(norm=norm, stage=stage, itype="fp64", wtype="fp64", otype="fp64", ctype="fp64",
+                  hidden_size=1000)
+    run_and_check(kernels, key, 257, rng, seed)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_eps_is_used(kernels, norm, rng, seed):
+    """A large eps changes rsigma; the kernel must use the eps it is given, not its default."""
+    key = NormKey(norm=norm, stage="fwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+    run_and_check(kernels, key, 3, rng, seed, eps=0.5)
+
+
+@pytest.mark.parametrize("rows", (1, 3, 257))
+@pytest.mark.parametrize("hidden", (1, 128, 1000, 4095, 7168))
+@pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fp8_output(kernels, norm, otype, hidden, rows, rng, seed):
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype=otype, hidden_size=hidden)
+    run_and_check(kernels, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fp8_saturates(kernels, norm, otype, rng, seed):
+    """A scale that pushes most of y past the fp8 range: the kernel saturates to +-max (a plain
+    llvm fp8 cast would wrap), and amax is still max|y| before scaling."""
+    key = NormKey(norm=norm, stage="fwd", itype="fp32", wtype="fp32", otype=otype, hidden_size=1000)
+    inputs = make_inputs(key, 3, rng)
+    inputs["scale"] = torch.tensor([{"fp8e4m3": 1000.0, "fp8e5m2": 1e5}[otype]], dtype=torch.float32)
+    outs = call(kernels(key), inputs, 3)
+    context = f"{key.name} seed={seed}"
+    check_outputs(key, inputs, outs, context)
+    m = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}[otype]
+    y = f64(outs["y"])
+    assert (np.abs(y) == m).mean() > 0.3, f"expected many saturated elements ({context})"
+    assert np.all(np.isfinite(y)), context
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_fp8_mixed_input(kernels, norm, rng, seed):
+    key = NormKey(norm=norm, stage="fwd", itype="fp32", wtype="bf16", otype="fp8e4m3", hidden_size=4095)
+    run_and_check(kernels, key, 257, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (257, 1000))
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_wgrad_bitwise_reproducible(kernels, norm, stage, rows, rng, seed):
+    """dgamma (and dbeta) are bitwise equal across two runs on the same inputs."""
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=1000)
+    inputs = make_inputs(key, rows, rng)
+    k = kernels(key)
+    first, second = call(k, inputs, rows), call(k, inputs, rows)
+    for name in ("dgamma", "dbeta") if norm == "layernorm" else ("dgamma",):
+        a, b = first[name].view(torch.int32), second[name].view(torch.int32)
+        assert torch.equal(a, b), f"{name} differs between two runs ({key.name} rows={rows} seed={seed})"
+    assert torch.equal(first["dx"].view(torch.int16), second["dx"].view(torch.int16))
+    check_outputs(key, inputs, first, f"{key.name} rows={rows} seed={seed}")
