@@ -1,0 +1,147 @@
+"""The benchmark harness on the CPU: two tiny awkward shapes, JSON/CSV schema, refcheck, compare.
+
+torch.compile is deselected (--impls): Inductor's C++ build would dominate the test time.
+"""
+import copy
+import csv
+import json
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tvmnorm import bench  # noqa: E402
+
+FAST = ["--target", "llvm", "--hidden", "64,200", "--rows", "7", "--warmup-ms", "1", "--rep-ms", "5",
+        "--copy-bytes", str(16 << 20), "--max-sets", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    # an empty library directory: tvmnorm_tuned must then say "missing", never time the default
+    mp.setenv("TVMNORM_LIBRARY", str(out / "no-library"))
+    try:
+        rc = bench.main(FAST + ["--dtypes", "bf16", "--impls", "tvmnorm_tuned,tvmnorm_default,torch_eager",
+                                "--out", str(out), "--name", "t"])
+    finally:
+        mp.undo()
+    assert rc == 0
+    return out
+
+
+def test_schema(run_dir):
+    result = json.loads((run_dir / "t.json").read_text())
+    bench.validate(result)
+    meta, records = result["meta"], result["records"]
+    for k in ("device", "versions", "git_commit", "command_line", "timestamp", "copy_gbps", "repro"):
+        assert meta[k] is not None, k
+    assert meta["versions"]["torch"] and meta["versions"]["tvm"] and meta["versions"]["tvm_ffi"]
+    assert meta["repro"].count("tvmnorm bench") == 1
+    assert len(records) == len(bench.OPS) * 2 * 3  # ops x hidden sizes x impls
+    assert {r["op"] for r in records} == set(bench.OPS)
+    for r in records:
+        assert r["dtype"] == "bf16" and r["rows"] == 7
+        if r["impl"] == "tvmnorm_tuned":
+            assert r["status"] == "missing" and r["us"] is None, r
+        else:
+            assert r["status"] == "ok", r
+            assert r["err"] <= r["tol"]
+            assert r["frac"] == pytest.approx(r["gbps"] / r["copy_gbps"])
+            size = 2
+            want = {"fwd": 2 * 7 * r["hidden"] * size, "bwd": 3 * 7 * r["hidden"] * size}
+            if r["op"].endswith("fp8"):
+                assert r["bytes"] == 7 * r["hidden"] * (size + 1)
+            else:
+                assert r["bytes"] == want[bench.OPS[r["op"]][1]]
+            assert r["gbps"] == pytest.approx(r["bytes"] / (r["us"] * 1e-6) / 1e9)
+    with open(run_dir / "t.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(records)
+    assert set(bench.RECORD_KEYS) <= set(rows[0])
+    pngs = sorted(run_dir.glob("t_*.png"))
+    assert len(pngs) == len(bench.OPS)  # one figure per (op, dtype, rows)
+    assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def _one(monkeypatch, tmp_path, impl, builder, ops="rmsnorm_fwd,layernorm_bwd"):
+    monkeypatch.setitem(bench.IMPLS, impl, builder)
+    rc = bench.main(FAST + ["--hidden", "200", "--ops", ops, "--dtypes", "fp32", "--impls",
+                            f"{impl},torch_eager" if impl != "torch_eager" else impl,
+                            "--out", str(tmp_path), "--name", "w", "--no-plots"])
+    assert rc == 0
+    result = json.loads((tmp_path / "w.json").read_text())
+    bench.validate(result)
+    return result["records"]
+
+
+def test_garbage_is_reported_wrong(monkeypatch, tmp_path):
+    real = bench.build_torch_eager
+
+    def garbage(ctx, case, sets):
+        p = real(ctx, case, sets)
+        good = p.calls
+        p.calls = [lambda c=c: {k: torch.randn_like(v) for k, v in c().items()} for c in good]
+        return p
+
+    recs = _one(monkeypatch, tmp_path, "torch_eager", garbage)
+    assert len(recs) == 2
+    for r in recs:
+        assert r["status"] == "wrong", r
+        assert r["us"] is None and r["gbps"] is None and r["frac"] is None
+        assert "rel err" in r["error"]
+
+
+def test_unwritten_output_is_reported_wrong(monkeypatch, tmp_path):
+    """A kernel that does not write its outputs leaves the NaN poison, which the refcheck catches."""
+    real = bench.build_tvmnorm_default
+
+    def lazy(ctx, case, sets):
+        p = real(ctx, case, sets)
+        outs = [c() for c in p.calls]  # run once now; the checked call then writes nothing
+        p.calls = [lambda o=o: o for o in outs]
+        return p
+
+    recs = _one(monkeypatch, tmp_path, "tvmnorm_default", lazy)
+    mine = [r for r in recs if r["impl"] == "tvmnorm_default"]
+    assert len(mine) == 2 and all(r["status"] == "wrong" and "NaN" in r["error"] for r in mine), mine
+    assert all(r["status"] == "ok" for r in recs if r["impl"] == "torch_eager")
+
+
+def test_failing_impl_does_not_abort(monkeypatch, tmp_path):
+    def broken(ctx, case, sets):
+        raise RuntimeError("boom")
+
+    recs = _one(monkeypatch, tmp_path, "tvmnorm_default", broken)
+    mine = [r for r in recs if r["impl"] == "tvmnorm_default"]
+    assert all(r["status"] == "error" and "boom" in r["error"] for r in mine)
+    assert all(r["status"] == "ok" for r in recs if r["impl"] == "torch_eager")
+
+
+def test_compare(run_dir, tmp_path, capsys):
+    old = json.loads((run_dir / "t.json").read_text())
+    new = copy.deepcopy(old)
+    for r in new["records"]:
+        if r["status"] == "ok":
+            r["us"] /= 2
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    assert bench.compare(tmp_path / "old.json", tmp_path / "new.json") == 0
+    out = capsys.readouterr().out
+    assert "2.000x" in out and "geometric mean" in out
+    assert bench.compare(tmp_path / "old.json", tmp_path / "new.json", fail_below=3.0) == 1
+    # the CLI wiring: `tvmnorm bench --compare OLD NEW`
+    from tvmnorm.cli import main as cli_main
+    assert cli_main(["bench", "--compare", str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 0
+
+
+def test_merge(run_dir, tmp_path):
+    rc = bench.main(["--merge", str(run_dir / "t.json"), str(run_dir / "t.json"), "--out", str(tmp_path),
+                     "--name", "m", "--no-plots"])
+    assert rc == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    bench.validate(merged)
+    assert len(merged["records"]) == 2 * len(json.loads((run_dir / "t.json").read_text())["records"])
+    assert len(merged["meta"]["merged_from"]) == 2
