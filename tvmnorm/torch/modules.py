@@ -110,7 +110,10 @@ def patch_norms(model: torch.nn.Module) -> torch.nn.Module:
         new = _replacement(m)
         memo[id(m)] = new if new is not None else m
         if new is None:
-            for name, child in list(m.named_children()):
+            # _modules, not named_children(): that skips a module registered under a second name
+            for name, child in list(m._modules.items()):
+                if child is None:
+                    continue
                 swapped = visit(child)
                 if swapped is not child:
                     setattr(m, name, swapped)

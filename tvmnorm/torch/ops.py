@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _host
 
@@ -111,6 +112,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the bwd kernels are not differentiable themselves: refuse double backward
     def backward(ctx, dy):
         x, weight, rs = ctx.saved_tensors
         dx, dw = _rms_bwd_impl(dy, x, rs, weight, ctx.zc)
@@ -128,6 +130,7 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the bwd kernels are not differentiable themselves: refuse double backward
     def backward(ctx, dy):
         x, weight, mu, rs = ctx.saved_tensors
         dx, dw, db = _ln_bwd_impl(dy, x, mu, rs, weight, ctx.zc)

@@ -1,0 +1,678 @@
+"""tvmnorm.torch on the CPU: functional ops, autograd, torch.library/torch.compile, modules.
+
+References are torch.nn.functional.rms_norm / layer_norm evaluated in float64 on the same
+(rounded) inputs; tolerances come from the per-dtype table below. Kernels are cached by key in
+the process, so the tests reuse hidden sizes and dtypes where they can (each new key compiles a
+default kernel, ~1 s).
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tvmnorm
+import tvmnorm.torch as tn
+from tvmnorm.torch import _host
+
+pytestmark = pytest.mark.filterwarnings("ignore::tvmnorm.runtime.FallbackWarning")
+
+HIDDENS = (1, 7, 128, 1000, 4096)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# |got - want| <= RTOL * |want| + ATOL * max|want|: RTOL is one ulp of the result dtype (its
+# final rounding plus slack), ATOL the fp32 compute error relative to the largest element
+# (sums of H or M terms in another order than the fp64 reference).
+RTOL = {torch.float32: 2e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float64: 1e-12}
+ATOL = {torch.float32: 2e-5, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_dir(tmp_path_factory):
+    """Default kernels compile into a tmp dir unless conftest.py already arranged one."""
+    if "TVMNORM_CACHE" in os.environ:
+        yield
+        return
+    os.environ["TVMNORM_CACHE"] = str(tmp_path_factory.mktemp("tvmnorm-torch-cache"))
+    yield
+    os.environ.pop("TVMNORM_CACHE", None)
+
+
+@pytest.fixture
+def gen(request):
+    g = torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    return g
+
+
+def rand(gen, shape, dtype=torch.float32, offset=0.0, requires_grad=False):
+    """Rows with a per-row offset and spread (LayerNorm must remove the offset), rounded to dtype."""
+    rows = shape[:-1]
+    off = offset * torch.randn(*rows, 1, generator=gen, dtype=torch.float64)
+    spread = 0.5 + 2.5 * torch.rand(*rows, 1, generator=gen, dtype=torch.float64)
+    t = (off + spread * torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def leading_shape(gen, hidden):
+    """A random leading shape of 1-3 dims, fewer rows for wide rows (keeps the CPU test fast)."""
+    ndim = int(torch.randint(1, 4, (1,), generator=gen))
+    cap = max(2, min(64, 8192 // hidden))
+    dims, rows = [], 1
+    for _ in range(ndim):
+        d = int(torch.randint(1, max(2, cap // rows) + 1, (1,), generator=gen))
+        dims.append(d)
+        rows *= d
+    return tuple(dims)
+
+
+def assert_close(what, got, want, dtype=None, rtol=None, atol=None, scale=0.0):
+    """|got - want| <= rtol * |want| + atol * max(max|want|, scale); ``scale`` is the size of the
+    terms that were combined, for results that cancel to ~0 (LayerNorm dx at hidden=1)."""
+    dtype = dtype or got.dtype
+    got, want = got.detach().double(), want.detach().double()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if want.numel() == 0:
+        return
+    rtol = RTOL[dtype] if rtol is None else rtol
+    atol = (ATOL[dtype] if atol is None else atol) * max(float(want.abs().max()), scale)
+    err = (got - want).abs()
+    allowed = rtol * want.abs() + atol
+    bad = ~(err <= allowed)
+    if bad.any():
+        i = int(torch.argmax(torch.where(bad, err / allowed, torch.zeros_like(err))))
+        raise AssertionError(f"{what}: {int(bad.sum())}/{bad.numel()} elements out of tolerance; worst: got "
+                             f"{got.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}, allowed "
+                             f"{allowed.flatten()[i].item():.3g}")
+
+
+def reference(norm, x, w, b, eps, zc=False):
+    """torch's own op in float64 on the same rounded inputs, with fp64 grads."""
+    xr = x.detach().double().requires_grad_()
+    wr = w.detach().double().requires_grad_()
+    g = wr + 1 if zc else wr
+    if norm == "rmsnorm":
+        return xr, wr, None, F.rms_norm(xr, (x.shape[-1],), g, eps)
+    br = b.detach().double().requires_grad_()
+    return xr, wr, br, F.layer_norm(xr, (x.shape[-1],), g, br, eps)
+
+
+def run(norm, x, w, b, eps, **kw):
+    if norm == "rmsnorm":
+        return tn.rms_norm(x, w, eps, **kw)
+    return tn.layer_norm(x, w, b, eps, **kw)
+
+
+def check_fwd_bwd(norm, x, w, b, eps, gen, zc=False, out_dtype=None):
+    y = run(norm, x, w, b, eps, zero_centered_gamma=zc, out_dtype=out_dtype)
+    assert y.shape == x.shape and y.dtype == (out_dtype or x.dtype)
+    xr, wr, br, yr = reference(norm, x, w, b, eps, zc)
+    assert_close("y", y, yr)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.dtype)
+    ins = [x, w] + ([b] if b is not None else [])
+    grads = torch.autograd.grad(y, ins, dy)
+    refs = torch.autograd.grad(yr, [xr, wr] + ([br] if br is not None else []), dy.double())
+    # the size of the terms each gradient combines: rsigma * |dy * g| for dx, sqrt(rows) * |dy|
+    # * (|x| + |mu|) * rsigma for dweight (x - mu cancels), sqrt(rows) * |dy| for dbias
+    xd = x.detach().double()
+    centred = xd - xd.mean(-1, keepdim=True) if norm == "layernorm" else xd
+    rs = (centred.square().mean(-1) + eps).rsqrt()
+    g = wr.detach() + 1 if zc else wr.detach()
+    rows = max(1, x.numel() // x.shape[-1])
+    dyd = dy.double().abs().max()
+    scales = (float((rs.max() * dyd * g.abs().max())), float(math.sqrt(rows) * dyd * ((xd.abs() + xd.mean(-1, keepdim=True).abs()) * rs[..., None]).max()),
+              float(math.sqrt(rows) * dyd))
+    for name, got, want, t, sc in zip(("dx", "dweight", "dbias"), grads, refs, ins, scales):
+        assert got.dtype == t.dtype, f"{name} dtype {got.dtype} != input dtype {t.dtype}"
+        assert_close(name, got, want, scale=sc)
+
+
+# ---------------------------------------------------------------------------------------------
+# numerics against torch in float64
+
+
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_matches_torch(norm, dtype, hidden, gen):
+    dt = DTYPES[dtype]
+    lead = leading_shape(gen, hidden)
+    x = rand(gen, lead + (hidden,), dt, offset=2.0, requires_grad=True)
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(dt).requires_grad_()
+    b = (0.5 * torch.randn(hidden, generator=gen)).to(dt).requires_grad_() if norm == "layernorm" else None
+    check_fwd_bwd(norm, x, w, b, 1e-5, gen)
+
+
+@pytest.mark.parametrize("types", [(torch.bfloat16, torch.float32, None), (torch.float16, torch.bfloat16, None),
+                                   (torch.bfloat16, torch.float32, torch.float32),
+                                   (torch.float32, torch.bfloat16, torch.bfloat16)],
+                         ids=["xbf16-wfp32", "xfp16-wbf16", "xbf16-wfp32-ofp32", "xfp32-wbf16-obf16"])
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_mixed_dtypes(norm, types, gen):
+    xdt, wdt, odt = types
+    x = rand(gen, (3, 5, 128), xdt, offset=1.0, requires_grad=True)
+    w = (1 + 0.5 * torch.randn(128, generator=gen)).to(wdt).requires_grad_()
+    b = (0.5 * torch.randn(128, generator=gen)).to(wdt).requires_grad_() if norm == "layernorm" else None
+    check_fwd_bwd(norm, x, w, b, 1e-6, gen, out_dtype=odt)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_zero_centered_gamma(norm, gen):
+    x = rand(gen, (4, 3, 128), torch.bfloat16, offset=1.0, requires_grad=True)
+    w = (0.3 * torch.randn(128, generator=gen)).to(torch.bfloat16).requires_grad_()
+    b = (0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16).requires_grad_() if norm == "layernorm" else None
+    check_fwd_bwd(norm, x, w, b, 1e-6, gen, zc=True)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_grads_match_torch_same_dtype(norm, dtype, gen):
+    """Against torch's own kernels run in the same dtype, not only the fp64 reference."""
+    x = rand(gen, (6, 128), dtype, offset=1.0, requires_grad=True)
+    w = (1 + 0.5 * torch.randn(128, generator=gen)).to(dtype).requires_grad_()
+    b = (0.5 * torch.randn(128, generator=gen)).to(dtype).requires_grad_()
+    dy = torch.randn(6, 128, generator=gen).to(dtype)
+    if norm == "rmsnorm":
+        ours = torch.autograd.grad(tn.rms_norm(x, w, 1e-6), (x, w), dy)
+        theirs = torch.autograd.grad(F.rms_norm(x, (128,), w, 1e-6), (x, w), dy)
+    else:
+        ours = torch.autograd.grad(tn.layer_norm(x, w, b, 1e-5), (x, w, b), dy)
+        theirs = torch.autograd.grad(F.layer_norm(x, (128,), w, b, 1e-5), (x, w, b), dy)
+    for name, a, t in zip(("dx", "dweight", "dbias"), ours, theirs):
+        # both round once or twice to dtype: allow a few ulps of the larger result
+        assert_close(name, a, t, rtol=4 * RTOL[dtype], atol=4 * ATOL[dtype])
+
+
+@pytest.mark.parametrize("zc", (False, True))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_gradcheck_fp64(norm, zc, gen):
+    """gradcheck through the real kernels: fp64 keys (itype=wtype=otype=ctype=fp64)."""
+    x = rand(gen, (2, 3, 7), torch.float64, offset=1.0, requires_grad=True)
+    w = torch.randn(7, generator=gen, dtype=torch.float64).requires_grad_()
+    b = torch.randn(7, generator=gen, dtype=torch.float64).requires_grad_()
+    if norm == "rmsnorm":
+        fn, ins = (lambda x, w: tn.rms_norm(x, w, 1e-6, zero_centered_gamma=zc)), (x, w)
+    else:
+        fn, ins = (lambda x, w, b: tn.layer_norm(x, w, b, 1e-5, zero_centered_gamma=zc)), (x, w, b)
+    assert torch.autograd.gradcheck(fn, ins)
+    # the registered op's own autograd (what torch.compile uses) too
+    if norm == "rmsnorm":
+        op = lambda x, w: torch.ops.tvmnorm.rms_norm_fwd(x, w, 1e-6, zc, torch.float64)[0]  # noqa: E731
+    else:
+        op = lambda x, w, b: torch.ops.tvmnorm.layer_norm_fwd(x, w, b, 1e-5, zc, torch.float64)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(op, ins)
+
+
+def test_gradcheck_fp64_hidden1_and_no_weight(gen):
+    x = rand(gen, (5, 1), torch.float64, requires_grad=True)
+    w = torch.randn(1, generator=gen, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: tn.rms_norm(x, w, 1e-3), (x, w))
+    x7 = rand(gen, (3, 7), torch.float64, offset=1.0, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: tn.layer_norm(x, None, None, 1e-5), (x7,))
+    torch.testing.assert_close(tn.layer_norm(x7, None, None), F.layer_norm(x7, (7,), eps=1e-5))
+
+
+def test_double_backward_is_refused(gen):
+    """The bwd kernels are not differentiable: a second derivative raises, never silently zero."""
+    x = rand(gen, (3, 7), torch.float64, requires_grad=True)
+    w = torch.randn(7, generator=gen, dtype=torch.float64).requires_grad_()
+    dy = torch.randn(3, 7, generator=gen, dtype=torch.float64).requires_grad_()
+    (gx,) = torch.autograd.grad(tn.rms_norm(x, w), (x,), dy, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------
+# zero copy, layouts, targets
+
+
+class Spy:
+    """Wraps the host layer's kernel lookup to record the data pointers each kernel receives."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = _host.kernel
+
+        def kernel(*args, **kw):
+            k = real(*args, **kw)
+
+            def call(*arrays, **kwa):
+                self.calls.append((k, [a.data_ptr() for a in arrays]))
+                return k(*arrays, **kwa)
+            return call
+        monkeypatch.setattr(_host, "kernel", kernel)
+
+
+def test_zero_copy_fwd_bwd(monkeypatch, gen):
+    spy = Spy(monkeypatch)
+    big = rand(gen, (10, 4, 128))
+    x = big[2:7].requires_grad_()  # a row slice of a bigger tensor: still row-contiguous
+    w = torch.randn(128, generator=gen).requires_grad_()
+    y = tn.rms_norm(x, w)
+    (k, ptrs), = spy.calls
+    assert k.kind == "llvm"
+    assert ptrs[0] == x.data_ptr() == big[2].data_ptr(), "x was copied before the kernel"
+    assert ptrs[1] == w.data_ptr(), "weight was copied"
+    assert ptrs[2] == y.data_ptr(), "y is not the buffer the kernel wrote"
+    dy = torch.randn(y.shape, generator=gen)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    (_, bptrs), = spy.calls[1:]
+    assert bptrs[0] == dy.data_ptr() and bptrs[1] == x.data_ptr()
+    assert bptrs[4] == dx.data_ptr() and bptrs[5] == dw.data_ptr()
+
+
+def test_zero_copy_layer_norm_no_grad(monkeypatch, gen):
+    spy = Spy(monkeypatch)
+    x = rand(gen, (3, 128), torch.bfloat16)
+    w, b = torch.randn(128, generator=gen), torch.randn(128, generator=gen)
+    y = tn.layer_norm(x, w, b)
+    (_, ptrs), = spy.calls
+    assert ptrs[:4] == [x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr()]
+
+
+def test_strided_rows_rejected_with_stride(gen):
+    qkv = rand(gen, (2, 5, 3 * 128))
+    q = qkv[..., :128]  # q split out of a fused qkv: rows of 128 with stride 384
+    w = torch.ones(128)
+    with pytest.raises(ValueError, match=r"stride 384 .*hidden size 128"):
+        tn.rms_norm(q, w)
+    with pytest.raises(ValueError, match=r"stride 384"):
+        tn.layer_norm(q, w, None)
+    with pytest.raises(ValueError, match="row-contiguous"):
+        tn.rms_norm(rand(gen, (128, 6)).t(), w)
+    # the explicit copy the message suggests works
+    torch.testing.assert_close(tn.rms_norm(q.contiguous(), w), F.rms_norm(q, (128,), w, 1e-6))
+
+
+def test_strided_weight_and_grad_are_fine(gen):
+    """weight is one row (copying it is cheap); dy comes from autograd in any layout."""
+    x = rand(gen, (4, 128), torch.float64, requires_grad=True)
+    wbig = torch.randn(128, 2, generator=gen, dtype=torch.float64)
+    w = wbig[:, 0].requires_grad_()
+    assert not w.is_contiguous()
+    y = tn.rms_norm(x, w)
+    y.sum().backward()  # dy is an expanded scalar (stride 0)
+    xr, wr, _, yr = reference("rmsnorm", x, w, None, 1e-6)
+    yr.sum().backward()
+    assert_close("y", y, yr)
+    assert_close("dx", x.grad, xr.grad)
+    assert_close("dweight", w.grad, wr.grad)
+
+
+def test_1d_input(gen):
+    x = rand(gen, (128,), requires_grad=True)
+    w = torch.randn(128, generator=gen)
+    y = tn.rms_norm(x, w)
+    assert y.shape == (128,)
+    torch.testing.assert_close(y, F.rms_norm(x, (128,), w, 1e-6))
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input, empty input, NaN/Inf
+
+
+def test_bad_input_messages():
+    x, w = torch.randn(4, 128), torch.randn(128)
+    with pytest.raises(TypeError, match="x has unsupported dtype torch.int32"):
+        tn.rms_norm(torch.ones(4, 128, dtype=torch.int32), w)
+    with pytest.raises(TypeError, match="weight has unsupported dtype torch.float8_e4m3fn"):
+        tn.rms_norm(x, w.to(torch.float8_e4m3fn))
+    with pytest.raises(TypeError, match="float64 is only supported with x, weight, bias and output all float64"):
+        tn.rms_norm(x.double(), w.bfloat16())
+    with pytest.raises(TypeError, match="float64 is only supported"):
+        tn.rms_norm(x, w, out_dtype=torch.float64)
+    with pytest.raises(TypeError, match="out_dtype torch.int8"):
+        tn.rms_norm(x, w, out_dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"weight must have shape \[128\].*got \[129\]"):
+        tn.rms_norm(x, torch.randn(129))
+    with pytest.raises(ValueError, match=r"weight must have shape \[128\].*got \[1, 128\]"):
+        tn.layer_norm(x, torch.randn(1, 128), None)
+    with pytest.raises(ValueError, match=r"bias must have shape \[128\]"):
+        tn.layer_norm(x, w, torch.randn(64))
+    with pytest.raises(TypeError, match="weight .* and bias .* must have the same dtype"):
+        tn.layer_norm(x, w, torch.zeros(128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="x is on cpu but weight is on meta"):
+        tn.rms_norm(x, torch.empty(128, device="meta"))
+    with pytest.raises(ValueError, match="0-dim"):
+        tn.rms_norm(torch.tensor(1.0), torch.ones(1))
+    with pytest.raises(ValueError, match="normalized .* dimension of x has size 0"):
+        tn.rms_norm(torch.randn(4, 0), torch.ones(0))
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
+        tn.rms_norm(x, [1.0] * 128)
+    with pytest.raises(TypeError, match="fp8_dtype"):
+        tn.rms_norm_fp8(x, w, 1.0, fp8_dtype=torch.float16)
+    with pytest.raises(ValueError, match="scale must hold one value"):
+        tn.rms_norm_fp8(x, w, torch.ones(2))
+
+
+@pytest.mark.parametrize("shape", [(0, 128), (2, 0, 128)])
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_empty_input(norm, shape):
+    x = torch.randn(shape, requires_grad=True)
+    w, b = torch.randn(128, requires_grad=True), torch.randn(128, requires_grad=True)
+    y = run(norm, x, w, b if norm == "layernorm" else None, 1e-5)
+    assert y.shape == shape
+    y.sum().backward()
+    assert x.grad.shape == shape
+    assert torch.equal(w.grad, torch.zeros(128))
+    if norm == "layernorm":
+        assert torch.equal(b.grad, torch.zeros(128))
+    y8, amax = (tn.rms_norm_fp8(x, w, 2.0) if norm == "rmsnorm" else tn.layer_norm_fp8(x, w, b, 2.0))
+    assert y8.shape == shape and y8.dtype == torch.float8_e4m3fn
+    assert amax.shape == (1,) and amax.item() == 0.0
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_nan_inf_propagate_like_torch(norm, gen):
+    x = rand(gen, (5, 128))
+    x[0, 3] = float("nan")
+    x[1, 2] = float("inf")
+    x[2, 5] = -float("inf")
+    x[3] = 0.0
+    w, b = torch.randn(128, generator=gen), torch.randn(128, generator=gen)
+    ours = run(norm, x, w, b, 1e-5)
+    theirs = (F.rms_norm(x, (128,), w, 1e-5) if norm == "rmsnorm" else F.layer_norm(x, (128,), w, b, 1e-5))
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert torch.equal(ours.isinf(), theirs.isinf())
+    fin = theirs.isfinite()
+    torch.testing.assert_close(ours[fin], theirs[fin])
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 output
+
+
+def fp8_reference(norm, x, w, b, scale, fp8_dtype, eps):
+    _, _, _, yr = reference(norm, x, w, b, eps)
+    yr = yr.detach()
+    fmax = torch.finfo(fp8_dtype).max
+    return (yr * scale).clamp(-fmax, fmax).to(fp8_dtype), yr.abs().max()
+
+
+@pytest.mark.parametrize("fp8_dtype", (torch.float8_e4m3fn, torch.float8_e5m2), ids=("e4m3", "e5m2"))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_fp8_output(norm, fp8_dtype, gen):
+    x = rand(gen, (3, 4, 128), torch.bfloat16, offset=1.0)
+    w = (1 + 0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16)
+    b = (0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16)
+    scale = torch.tensor([3.0])
+    if norm == "rmsnorm":
+        y8, amax = tn.rms_norm_fp8(x, w, scale, 1e-6, fp8_dtype=fp8_dtype)
+    else:
+        y8, amax = tn.layer_norm_fp8(x, w, b, scale, 1e-5, fp8_dtype=fp8_dtype)
+    q, amax_ref = fp8_reference(norm, x, w, b, 3.0, fp8_dtype, 1e-6 if norm == "rmsnorm" else 1e-5)
+    assert y8.dtype == fp8_dtype and y8.shape == x.shape
+    assert amax.dtype == torch.float32 and amax.shape == (1,)
+    assert_close("amax", amax, amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+    # fp32 y may sit on the other side of an fp8 rounding boundary than the fp64 one: one step
+    step = 2.0 ** -(3 if fp8_dtype == torch.float8_e4m3fn else 2)
+    assert_close("y_fp8", y8.double(), q.double(), torch.float32, rtol=step, atol=0.02)
+    assert (y8.double() == q.double()).float().mean() > 0.95
+    # saturation: a large scale clamps at the format's max instead of overflowing to inf/nan
+    big = (tn.rms_norm_fp8(x, w, 1e6, fp8_dtype=fp8_dtype)[0] if norm == "rmsnorm"
+           else tn.layer_norm_fp8(x, w, b, 1e6, fp8_dtype=fp8_dtype)[0])
+    assert big.double().abs().max() == torch.finfo(fp8_dtype).max
+    assert big.double().isfinite().all()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library / torch.compile
+
+
+OPS = [
+    ("rms_norm_fwd", lambda x, w, b: (x, w, 1e-6, False, x.dtype)),
+    ("layer_norm_fwd", lambda x, w, b: (x, w, b, 1e-5, True, torch.float32)),
+    ("rms_norm_fp8", lambda x, w, b: (x, w, torch.tensor([2.0]), 1e-6, False, torch.float8_e4m3fn)),
+    ("layer_norm_fp8", lambda x, w, b: (x, w, b, torch.tensor([2.0]), 1e-5, False, torch.float8_e5m2)),
+]
+
+
+@pytest.mark.parametrize("name,args", OPS, ids=[o[0] for o in OPS])
+def test_opcheck(name, args, gen):
+    """torch.library's own checks: schema, fake (meta) implementation, autograd registration."""
+    fp8 = "fp8" in name
+    x = rand(gen, (2, 3, 128), requires_grad=not fp8)
+    w = torch.randn(128, generator=gen).requires_grad_(not fp8)
+    b = torch.randn(128, generator=gen).requires_grad_(not fp8)
+    result = torch.library.opcheck(getattr(torch.ops.tvmnorm, name).default, args(x, w, b))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+class Block(torch.nn.Module):
+    def __init__(self, hidden=128):
+        super().__init__()
+        self.lin = torch.nn.Linear(hidden, hidden)
+        self.rms = tn.RMSNorm(hidden, eps=1e-6)
+        self.ln = tn.LayerNorm(hidden)
+
+    def forward(self, x):
+        return self.ln(torch.relu(self.rms(self.lin(x))) + x)
+
+
+def _block_and_input(gen):
+    torch.manual_seed(0)
+    m = Block()
+    with torch.no_grad():
+        m.rms.weight.add_(0.3 * torch.randn(128, generator=gen))
+        m.ln.bias.add_(0.3 * torch.randn(128, generator=gen))
+    return m, rand(gen, (2, 5, 128))
+
+
+def _eager_and_compiled(m, x, compiled):
+    out = {}
+    for name, mod in (("eager", m), ("compiled", compiled)):
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = mod(xi)
+        y.backward(torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y))
+        out[name] = (y.detach(), xi.grad, [p.grad.clone() for p in m.parameters()])
+    return out
+
+
+def test_compile_fullgraph_no_graph_break(gen):
+    m, x = _block_and_input(gen)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend=backend, fullgraph=True)
+    out = _eager_and_compiled(m, x, compiled)
+    assert len(graphs) == 1
+    assert "tvmnorm.rms_norm_fwd" in graphs[0] and "tvmnorm.layer_norm_fwd" in graphs[0]
+    torch.testing.assert_close(out["compiled"][0], out["eager"][0])
+    explanation = torch._dynamo.explain(m)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+def test_compile_aot_eager_backward(gen):
+    """AOTAutograd traces the registered backward (tvmnorm.*_bwd ops) into the joint graph."""
+    m, x = _block_and_input(gen)
+    torch._dynamo.reset()
+    out = _eager_and_compiled(m, x, torch.compile(m, backend="aot_eager", fullgraph=True))
+    (ye, gxe, gpe), (yc, gxc, gpc) = out["eager"], out["compiled"]
+    torch.testing.assert_close(yc, ye)
+    torch.testing.assert_close(gxc, gxe)
+    for a, b in zip(gpc, gpe):
+        torch.testing.assert_close(a, b)
+
+
+def test_compile_functional_dynamic(gen):
+    """Fake implementations give the right shapes under dynamic shapes (no recompile per M)."""
+    w = torch.randn(128, generator=gen)
+
+    def f(x):
+        return tn.rms_norm(x, w) * 2, tn.rms_norm_fp8(x, w, 4.0)[1]
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        x = rand(gen, (rows, 128))
+        y, amax = cf(x)
+        torch.testing.assert_close(y, 2 * F.rms_norm(x, (128,), w, 1e-6))
+        torch.testing.assert_close(amax, F.rms_norm(x, (128,), w, 1e-6).abs().max().reshape(1))
+
+
+def test_compile_inductor(gen):
+    m, x = _block_and_input(gen)
+    torch._dynamo.reset()
+    out = _eager_and_compiled(m, x, torch.compile(m, fullgraph=True))
+    (ye, gxe, gpe), (yc, gxc, gpc) = out["eager"], out["compiled"]
+    torch.testing.assert_close(yc, ye, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gxc, gxe, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# modules
+
+
+@pytest.mark.parametrize("kind", ("rms", "ln", "ln-nobias"))
+def test_module_state_dict_and_outputs_match_torch(kind, gen):
+    if kind == "rms":
+        ref, ours = torch.nn.RMSNorm(128, eps=1e-6), tn.RMSNorm(128, eps=1e-6)
+    else:
+        bias = kind == "ln"
+        ref, ours = torch.nn.LayerNorm(128, bias=bias), tn.LayerNorm(128, bias=bias)
+    assert isinstance(ours, type(ref))
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    ours.load_state_dict(ref.state_dict())
+    x = rand(gen, (2, 3, 128), offset=1.0)
+    torch.testing.assert_close(ours(x), ref(x))
+    ours(x).sum().backward()
+    ref(x).sum().backward()
+    for (n, a), b in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=n)
+
+
+def test_module_defaults_match_torch(gen):
+    """eps=None in RMSNorm is finfo(x.dtype).eps as in torch; no affine; multi-dim shapes."""
+    x = rand(gen, (3, 4, 128)) * 1e-4  # small enough that eps matters
+    torch.testing.assert_close(tn.RMSNorm(128)(x), torch.nn.RMSNorm(128)(x))
+    for ours, ref in ((tn.RMSNorm(128, elementwise_affine=False), torch.nn.RMSNorm(128, elementwise_affine=False)),
+                      (tn.LayerNorm(128, elementwise_affine=False), torch.nn.LayerNorm(128, elementwise_affine=False))):
+        assert ours.weight is None and len(ours.state_dict()) == 0
+        xi = x.clone().requires_grad_()
+        y = ours(xi)
+        y.sum().backward()
+        torch.testing.assert_close(y, ref(x))
+        assert xi.grad is not None
+    y2 = x.view(3, 4, 8, 16)
+    torch.testing.assert_close(tn.LayerNorm((8, 16))(y2), torch.nn.LayerNorm((8, 16))(y2))
+    with pytest.raises(ValueError, match=r"trailing shape \[128\]"):
+        tn.RMSNorm(128)(torch.randn(3, 64))
+
+
+def test_module_zero_centered_gamma(gen):
+    m = tn.LayerNorm(128, zero_centered_gamma=True, dtype=torch.bfloat16)
+    assert torch.equal(m.weight, torch.zeros(128, dtype=torch.bfloat16)) and m.weight.dtype == torch.bfloat16
+    assert "zero_centered_gamma=True" in repr(m)
+    r = tn.RMSNorm(128, zero_centered_gamma=True, elementwise_affine=False)
+    x = rand(gen, (4, 128))
+    torch.testing.assert_close(r(x), F.rms_norm(x, (128,), eps=torch.finfo(torch.float32).eps))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Linear(128, 128)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.RMSNorm(128, eps=1e-6), torch.nn.Linear(128, 128)) for _ in range(2))
+        self.final = torch.nn.LayerNorm(128)
+        self.plain = torch.nn.LayerNorm(128, elementwise_affine=False)
+        self.shared = self.final
+
+    def forward(self, x):
+        x = self.emb(x)
+        for b in self.blocks:
+            x = x + b(x)
+        return self.plain(self.shared(x))
+
+
+def test_patch_norms(gen):
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16)
+    model.eval()
+    x = rand(gen, (2, 3, 128), torch.bfloat16)
+    with torch.no_grad():
+        model.final.bias.normal_(generator=gen)
+        want = model(x)
+    weights = {n: p for n, p in model.named_parameters()}
+    before = model.state_dict()
+    assert tn.patch_norms(model) is model
+    assert type(model.blocks[0][0]) is tn.RMSNorm and type(model.final) is tn.LayerNorm
+    assert type(model.plain) is tn.LayerNorm and model.shared is model.final
+    assert model.blocks[1][0].eps == 1e-6 and not model.final.training
+    assert {n: p for n, p in model.named_parameters()} == weights  # the same Parameter objects
+    assert model.final.weight.dtype == torch.bfloat16
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    with torch.no_grad():
+        got = model(x)
+    assert_close("patched model", got, want.double(), torch.bfloat16, rtol=2 ** -6, atol=2e-2)
+    # idempotent, and a bare norm is returned replaced
+    assert tn.patch_norms(model) is model
+    assert type(tn.patch_norms(torch.nn.LayerNorm(7))) is tn.LayerNorm
+
+
+def test_patch_norms_leaves_subclasses(gen):
+    class MyNorm(torch.nn.LayerNorm):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    seq = torch.nn.Sequential(MyNorm(128))
+    tn.patch_norms(seq)
+    assert type(seq[0]) is MyNorm
+
+
+# ---------------------------------------------------------------------------------------------
+# targets and the fallback warning
+
+
+def test_fallback_warning_once_and_silenced(gen):
+    # keys used by no other test, so the registry has not warned for them yet
+    x, w = rand(gen, (2, 3)), torch.randn(3, generator=gen)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        tn.rms_norm(x, w, zero_centered_gamma=True)
+        tn.rms_norm(x, w, zero_centered_gamma=True)
+    fallback = [r for r in rec if issubclass(r.category, tvmnorm.FallbackWarning)]
+    if _host._KERNELS and all(k.tuned for k in _host._KERNELS.values() if k.key.hidden_size == 3):
+        pytest.skip("a tuned library serves this key")
+    assert len(fallback) == 1, [str(r.message) for r in rec]
+    assert "Falling back to general normalization kernel" in str(fallback[0].message)
+    assert "hidden_size=3" in str(fallback[0].message)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=tvmnorm.FallbackWarning)
+        tn.layer_norm(x, w, None, zero_centered_gamma=True)
+    assert not [r for r in rec if issubclass(r.category, tvmnorm.FallbackWarning)]
+
+
+def test_kernel_lookup_is_cached():
+    x, w = torch.randn(2, 128), torch.randn(128)
+    tn.rms_norm(x, w)
+    k = _host.kernel("rmsnorm", "fwd", torch.float32, torch.float32, torch.float32, 128, False, x.device)
+    assert k is _host.kernel("rmsnorm", "fwd", torch.float32, torch.float32, torch.float32, 128, False, x.device)
+    assert k.kind == "llvm" and k.key.hidden_size == 128 and k.key.ctype == "fp32"
+
+
+def test_cuda_alignment_rule():
+    """The pointer alignment the CUDA path demands: the widest power of two <= 16 dividing a
+    row's bytes (so a row slice of an aligned tensor always passes)."""
+    assert _host._alignment(4096, 2) == 16
+    assert _host._alignment(7, 2) == 2
+    assert _host._alignment(7, 4) == 4
+    assert _host._alignment(1, 1) == 1
+    assert _host._alignment(12, 2) == 8
+    for hidden in (1, 7, 12, 1000, 4096):
+        for size in (1, 2, 4, 8):
+            a = _host._alignment(hidden, size)
+            assert (hidden * size) % a == 0 and a <= 16 and a == 2 ** int(math.log2(a))
