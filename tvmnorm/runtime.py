@@ -134,6 +134,26 @@ def _kernel_from_module(key, kind, mod, prefix, tuned, origin):
     return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key)}, tuned, origin)
 
 
+def _elf_problem(path) -> str | None:
+    """Why ``path`` is not a whole ELF shared object, or None. dlopen of a truncated .so whose
+    headers survive maps segments past the end of the file and dies of SIGBUS on first touch,
+    so the extents in the headers are checked against the file size before loading."""
+    import struct
+    data = pathlib.Path(path).read_bytes()
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return "is not a 64-bit little-endian ELF file"
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    if end > len(data):
+        return f"is truncated ({len(data)} bytes, its headers need {end})"
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 1 and p_offset + p_filesz > len(data):  # PT_LOAD
+            return f"is truncated ({len(data)} bytes, a segment ends at {p_offset + p_filesz})"
+    return None
+
+
 class TunedLibrary:
     """A verified library directory: manifest + libtvmnorm.so."""
 
@@ -166,6 +186,10 @@ class TunedLibrary:
             problems.append(f"{so.name} is missing")
         elif file_sha256(so) != manifest.get("sha256"):
             problems.append(f"{so.name} does not match the sha256 in its manifest")
+        else:
+            bad_elf = _elf_problem(so)
+            if bad_elf:
+                problems.append(f"{so.name} {bad_elf}")
         if problems:
             raise ValueError(f"library {self.path} refused: " + "; ".join(problems))
         self.manifest, self.kernels = manifest, kernels

@@ -1,0 +1,280 @@
+"""The runtime registry: the one-time fallback warning, a built library being used, and damaged
+or stale libraries being refused (with LibraryRefused) while default kernels serve correctly."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+
+from conftest import call, check_outputs, make_inputs
+from tvmnorm.build import LIBRARY, MANIFEST, build_library, file_sha256
+from tvmnorm.key import NormKey
+from tvmnorm.runtime import FallbackWarning, LibraryRefused, Registry
+
+EXPECTED_128 = ("Falling back to general normalization kernel because no tuned kernel is available for this "
+                "config. hidden_size=128, wtype=bf16, itype=bf16, otype=bf16, ctype=fp32")
+
+KEY_128 = NormKey(norm="rmsnorm", stage="fwd", itype="bf16", wtype="bf16", otype="bf16", hidden_size=128)
+# keys built into the test library: a forward, a LayerNorm backward and an fp8 forward
+LIB_KEYS = (
+    KEY_128,
+    NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000),
+    NormKey(norm="layernorm", stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=4095),
+)
+
+
+def fresh_registry(library=False) -> Registry:
+    """A Registry that shares no state with others; ``library=False`` pins "no library" so a
+    library in the package or the environment cannot change what these tests see."""
+    reg = Registry()
+    if library is False:
+        reg.set_library("llvm", None)
+    return reg
+
+
+def fallback_messages(records):
+    return [str(w.message) for w in records if issubclass(w.category, FallbackWarning)]
+
+
+def refusals(records):
+    return [str(w.message) for w in records if issubclass(w.category, LibraryRefused)]
+
+
+# ---------------------------------------------------------------------------------------------
+# fallback warning
+
+
+def test_fallback_warning_text_and_once_per_config():
+    reg = fresh_registry()
+    other = NormKey(norm="rmsnorm", stage="fwd", itype="fp16", wtype="fp32", otype="fp16", hidden_size=1000)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")  # dedup must come from the registry, not the warnings module
+        k1 = reg.get(KEY_128, "llvm")
+        k2 = reg.get(KEY_128, "llvm")
+        reg.get(other, "llvm")
+        reg.get(other, "llvm")
+        reg.get(KEY_128, "llvm")
+    assert fallback_messages(rec) == [
+        EXPECTED_128,
+        "Falling back to general normalization kernel because no tuned kernel is available for this config. "
+        "hidden_size=1000, wtype=fp32, itype=fp16, otype=fp16, ctype=fp32"]
+    assert k1 is k2
+    assert (k1.tuned, k1.origin) == (False, "default")
+
+
+def test_fallback_warning_once_under_thread_race():
+    """8 threads ask a fresh registry for the same new key at once: one warning, one kernel."""
+    reg = fresh_registry()
+    barrier = threading.Barrier(8)
+    got, errors = [None] * 8, []
+
+    def worker(i):
+        try:
+            barrier.wait()
+            got[i] = reg.get(KEY_128, "llvm")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert not errors, errors
+    assert fallback_messages(rec) == [EXPECTED_128]
+    assert all(k is got[0] for k in got) and got[0] is not None
+
+
+def test_fallback_warning_is_a_userwarning_category():
+    """Users filter it with warnings.filterwarnings("ignore", category=FallbackWarning)."""
+    reg = fresh_registry()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=FallbackWarning)
+        reg.get(KEY_128, "llvm")  # would raise if another category were emitted
+    assert issubclass(FallbackWarning, UserWarning)
+
+
+def test_get_rejects_bad_arguments():
+    reg = fresh_registry()
+    with pytest.raises(TypeError, match="NormKey"):
+        reg.get(KEY_128.pack(), "llvm")
+    with pytest.raises(ValueError, match="target"):
+        reg.get(KEY_128, "rocm")
+
+
+# ---------------------------------------------------------------------------------------------
+# libraries
+
+
+@pytest.fixture(scope="module")
+def built_library(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lib") / "llvm"
+    manifest = build_library(LIB_KEYS, "llvm", out, log=lambda *a: None)
+    return out, manifest
+
+
+@pytest.fixture
+def library_copy(built_library, tmp_path):
+    """A private copy of the built library that a test may damage."""
+    dst = tmp_path / "llvm"
+    shutil.copytree(built_library[0], dst)
+    return dst
+
+
+def check_key(reg, key, rng, seed, rows=3):
+    kernel = reg.get(key, "llvm")
+    inputs = make_inputs(key, rows, rng)
+    check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} rows={rows} seed={seed} {kernel!r}")
+    return kernel
+
+
+def test_build_manifest(built_library):
+    path, manifest = built_library
+    assert sorted(p.name for p in path.iterdir()) == [LIBRARY, MANIFEST]
+    assert json.loads((path / MANIFEST).read_text()) == manifest
+    assert manifest["sha256"] == file_sha256(path / LIBRARY)
+    assert [e["key"] for e in manifest["kernels"]] == [k.pack() for k in LIB_KEYS]
+    assert {e["origin"] for e in manifest["kernels"]} == {"default"}
+
+
+def test_library_is_used_via_env(built_library, monkeypatch, rng, seed):
+    monkeypatch.setenv("TVMNORM_LIBRARY", str(built_library[0]))
+    reg = fresh_registry(library=None)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for key in LIB_KEYS:
+            kernel = check_key(reg, key, rng, seed)
+            assert kernel.tuned is False  # built from the default schedule
+            assert kernel.origin.startswith("library"), kernel.origin
+    assert fallback_messages(rec) == [] and refusals(rec) == []
+
+
+def test_library_via_set_library_and_missing_key_falls_back(built_library, rng, seed):
+    reg = Registry()
+    reg.set_library("llvm", built_library[0])
+    absent = NormKey(norm="rmsnorm", stage="bwd", itype="bf16", wtype="bf16", otype="bf16", hidden_size=128)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        assert check_key(reg, KEY_128, rng, seed).origin.startswith("library")
+        kernel = check_key(reg, absent, rng, seed)
+    assert kernel.origin == "default"
+    assert fallback_messages(rec) == [EXPECTED_128]  # absent has KEY_128's describe() text
+    assert refusals(rec) == []
+
+
+def _flip(path):
+    so = path / LIBRARY
+    data = bytearray(so.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 64):
+        data[i] ^= 0xFF
+    so.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    so = path / LIBRARY
+    so.write_bytes(so.read_bytes()[: so.stat().st_size // 2])
+
+
+def _edit_manifest(**changes):
+    def edit(path):
+        mf = json.loads((path / MANIFEST).read_text())
+        mf.update(changes)
+        (path / MANIFEST).write_text(json.dumps(mf))
+    return edit
+
+
+def _garbage_manifest(path):
+    (path / MANIFEST).write_bytes(b"\x00\x01 this is not json {")
+
+
+def _manifest_without_kernels(path):
+    mf = json.loads((path / MANIFEST).read_text())
+    del mf["kernels"]
+    (path / MANIFEST).write_text(json.dumps(mf))
+
+
+DAMAGE = {  # name -> (damage, words the refusal must contain)
+    "flipped-bytes": (_flip, "does not match the sha256"),
+    "truncated": (_truncate, "does not match the sha256"),
+    "missing-so": (lambda p: (p / LIBRARY).unlink(), f"{LIBRARY} is missing"),
+    "wrong-sha256": (_edit_manifest(sha256="0" * 64), "does not match the sha256"),
+    "wrong-tvm-version": (_edit_manifest(tvm_version="0.19.0"), "built with TVM 0.19.0"),
+    "wrong-ffi-version": (_edit_manifest(ffi_version="0.0.1"), "built with tvm-ffi 0.0.1"),
+    "wrong-arch": (_edit_manifest(arch="not-this-cpu"), "built for not-this-cpu"),
+    "wrong-target": (_edit_manifest(target="cuda"), "it targets cuda"),
+    "stale-source": (_edit_manifest(tvmnorm_source_hash="0123456789abcdef"), "built from kernel sources"),
+    "garbage-manifest": (_garbage_manifest, "unreadable manifest"),
+    "manifest-without-kernels": (_manifest_without_kernels, "unreadable manifest"),
+    "missing-manifest": (lambda p: (p / MANIFEST).unlink(), "unreadable manifest"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_library_is_refused(library_copy, damage, monkeypatch, rng, seed):
+    fn, words = DAMAGE[damage]
+    fn(library_copy)
+    # explicitly: set_library raises, naming the problem
+    with pytest.raises(ValueError, match="refused|unreadable") as exc:
+        Registry().set_library("llvm", library_copy)
+    assert words in str(exc.value)
+    # through the environment: one LibraryRefused warning naming the problem, defaults serve
+    monkeypatch.setenv("TVMNORM_LIBRARY", str(library_copy))
+    reg = fresh_registry(library=None)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        kernels = [check_key(reg, key, rng, seed) for key in LIB_KEYS]
+    refused = refusals(rec)
+    assert len(refused) == 1, refused
+    assert words in refused[0] and str(library_copy) in refused[0], refused[0]
+    assert "Default kernels serve instead" in refused[0]
+    assert all(k.origin == "default" and not k.tuned for k in kernels)
+    assert len(fallback_messages(rec)) == len(LIB_KEYS)
+
+
+def test_empty_library_dir_from_env_is_refused(tmp_path, monkeypatch, rng, seed):
+    monkeypatch.setenv("TVMNORM_LIBRARY", str(tmp_path))
+    reg = fresh_registry(library=None)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        kernel = check_key(reg, KEY_128, rng, seed)
+    assert kernel.origin == "default"
+    assert len(refusals(rec)) == 1 and "holds no tvmnorm library" in refusals(rec)[0]
+
+
+_RESTAMPED_TRUNCATION = r"""
+import json, sys, warnings
+from tvmnorm.build import file_sha256
+from tvmnorm.runtime import Registry
+path = sys.argv[1]
+so = path + "/libtvmnorm.so"
+data = open(so, "rb").read()
+open(so, "wb").write(data[: int(sys.argv[2])])
+mf = json.load(open(path + "/manifest.json"))
+mf["sha256"] = file_sha256(so)
+json.dump(mf, open(path + "/manifest.json", "w"))
+try:
+    Registry().set_library("llvm", path)
+    print("LOADED")
+except ValueError as e:
+    print("REFUSED", e)
+"""
+
+
+@pytest.mark.parametrize("fraction", (0.05, 0.5, 0.95))
+def test_truncated_library_with_matching_sha_is_refused_not_loaded(library_copy, fraction):
+    """A truncated .so whose manifest was restamped to match: dlopen of it dies of SIGBUS, so it
+    must be refused before loading. Run in a subprocess so a regression cannot kill pytest."""
+    size = (library_copy / LIBRARY).stat().st_size
+    res = subprocess.run([sys.executable, "-c", _RESTAMPED_TRUNCATION, str(library_copy), str(int(size * fraction))],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert res.returncode == 0, f"crashed with {res.returncode}: {res.stderr[-2000:]}"
+    assert res.stdout.startswith("REFUSED") and "truncated" in res.stdout, res.stdout + res.stderr[-2000:]
