@@ -1,0 +1,62 @@
+"""`python -m tvmnorm build` then `python -m tvmnorm list`: the smoke test of the CLI."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tvmnorm.build import LIBRARY, MANIFEST
+from tvmnorm.key import NormKey
+
+KEY = NormKey(norm="rmsnorm", stage="fwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+BUILD = ["build", "--target", "llvm", "--hidden", "128", "--norms", "rmsnorm", "--stages", "fwd",
+         "--dtypes", "fp32"]
+
+
+def tvmnorm_cli(*args):
+    res = subprocess.run([sys.executable, "-m", "tvmnorm", *args], capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ))
+    assert res.returncode == 0, f"tvmnorm {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-3000:]}"
+    return res.stdout
+
+
+def build_and_list(out, *extra):
+    tvmnorm_cli(*BUILD, "--out", str(out), *extra)
+    assert sorted(p.name for p in out.iterdir()) == [LIBRARY, MANIFEST]
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert [e["key"] for e in manifest["kernels"]] == [KEY.pack()]
+    listing = tvmnorm_cli("list", "--library", str(out)).splitlines()
+    assert listing[0].startswith(f"# {out}: target=llvm"), listing
+    lines = [ln for ln in listing[1:] if ln.strip()]
+    assert len(lines) == 1, listing
+    return manifest["kernels"][0]["origin"], lines[0]
+
+
+def test_build_then_list_no_tuned(tmp_path):
+    origin, line = build_and_list(tmp_path / "lib", "--no-tuned")
+    assert origin == "default"
+    assert line.startswith(f"{KEY.pack():#014x}"), line
+    assert "rmsnorm" in line and "fwd" in line
+    assert "hidden_size=128, wtype=fp32, itype=fp32, otype=fp32, ctype=fp32" in line, line
+    assert line.endswith("[default]"), line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tvmnorm.tune") is None, reason="tvmnorm.tune not written yet")
+def test_build_then_list_with_tuned_records(tmp_path):
+    """Without --no-tuned, build reads the committed records; the key is listed with whichever
+    origin the records give it."""
+    from tvmnorm.tune import load_records
+    expected = "tuned" if KEY.pack() in load_records("llvm") else "default"
+    origin, line = build_and_list(tmp_path / "lib")
+    assert origin == expected and line.endswith(f"[{expected}]"), line
+    assert "hidden_size=128, wtype=fp32, itype=fp32, otype=fp32, ctype=fp32" in line
+
+
+def test_list_without_library_fails_clearly(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "tvmnorm", "list", "--library", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "no library" in res.stderr
