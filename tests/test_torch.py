@@ -48,12 +48,13 @@ def gen(request):
     return g
 
 
-def rand(gen, shape, dtype=torch.float32, offset=0.0, requires_grad=False):
-    """Rows with a per-row offset and spread (LayerNorm must remove the offset), rounded to dtype."""
+def rand(gen, shape, dtype=torch.float32, offset=0.0, requires_grad=False, device="cpu"):
+    """Rows with a per-row offset and spread (LayerNorm must remove the offset), rounded to dtype
+    (drawn on the CPU from ``gen``, then moved, so CPU and CUDA tests see the same data)."""
     rows = shape[:-1]
     off = offset * torch.randn(*rows, 1, generator=gen, dtype=torch.float64)
     spread = 0.5 + 2.5 * torch.rand(*rows, 1, generator=gen, dtype=torch.float64)
-    t = (off + spread * torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype)
+    t = (off + spread * torch.randn(*shape, generator=gen, dtype=torch.float64)).to(device=device, dtype=dtype)
     return t.requires_grad_(requires_grad)
 
 
@@ -111,7 +112,7 @@ def check_fwd_bwd(norm, x, w, b, eps, gen, zc=False, out_dtype=None):
     assert y.shape == x.shape and y.dtype == (out_dtype or x.dtype)
     xr, wr, br, yr = reference(norm, x, w, b, eps, zc)
     assert_close("y", y, yr)
-    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.dtype)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(device=y.device, dtype=y.dtype)
     ins = [x, w] + ([b] if b is not None else [])
     grads = torch.autograd.grad(y, ins, dy)
     refs = torch.autograd.grad(yr, [xr, wr] + ([br] if br is not None else []), dy.double())

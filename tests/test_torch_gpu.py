@@ -1,0 +1,209 @@
+"""tvmnorm.torch on CUDA: the CPU comparisons of test_torch.py on the GPU, plus what only CUDA
+has (streams, pointer alignment, device placement). Skipped cleanly without a CUDA device.
+
+Run on a GPU machine with ``python -m pytest -q -m gpu tests/test_torch_gpu.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.filterwarnings("ignore::tvmnorm.runtime.FallbackWarning"),
+]
+
+import tvmnorm.torch as tn  # noqa: E402
+from tvmnorm.torch import _host  # noqa: E402
+from test_torch import (DTYPES, HIDDENS, Block, Model, Spy, assert_close, check_fwd_bwd,  # noqa: E402
+                        fp8_reference, rand, run)
+
+DEV = "cuda"
+
+
+@pytest.fixture
+def gen(request):
+    import zlib
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+# rows: one, a few, and enough that every CUDA dgamma partial row gets several rows
+@pytest.mark.parametrize("lead", [(1,), (3, 7), (2, 1500)], ids=["1", "3x7", "2x1500"])
+@pytest.mark.parametrize("hidden", HIDDENS + (8192,))
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_matches_torch_cuda(norm, dtype, hidden, lead, gen):
+    dt = DTYPES[dtype]
+    x = rand(gen, lead + (hidden,), dt, offset=2.0, requires_grad=True, device=DEV)
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(DEV, dt).requires_grad_()
+    b = ((0.5 * torch.randn(hidden, generator=gen)).to(DEV, dt).requires_grad_()
+         if norm == "layernorm" else None)
+    check_fwd_bwd(norm, x, w, b, 1e-5, gen)
+
+
+@pytest.mark.parametrize("types", [(torch.bfloat16, torch.float32, None), (torch.float16, torch.bfloat16, None),
+                                   (torch.bfloat16, torch.float32, torch.float32)],
+                         ids=["xbf16-wfp32", "xfp16-wbf16", "xbf16-wfp32-ofp32"])
+@pytest.mark.parametrize("zc", (False, True))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_mixed_dtypes_cuda(norm, zc, types, gen):
+    xdt, wdt, odt = types
+    x = rand(gen, (4, 33, 1000), xdt, offset=1.0, requires_grad=True, device=DEV)
+    w = ((0.0 if zc else 1.0) + 0.5 * torch.randn(1000, generator=gen)).to(DEV, wdt).requires_grad_()
+    b = (0.5 * torch.randn(1000, generator=gen)).to(DEV, wdt).requires_grad_() if norm == "layernorm" else None
+    check_fwd_bwd(norm, x, w, b, 1e-6, gen, zc=zc, out_dtype=odt)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_gradcheck_fp64_cuda(norm, gen):
+    x = rand(gen, (2, 3, 7), torch.float64, offset=1.0, requires_grad=True, device=DEV)
+    w = torch.randn(7, generator=gen, dtype=torch.float64).to(DEV).requires_grad_()
+    b = torch.randn(7, generator=gen, dtype=torch.float64).to(DEV).requires_grad_()
+    if norm == "rmsnorm":
+        assert torch.autograd.gradcheck(lambda x, w: tn.rms_norm(x, w), (x, w))
+    else:
+        assert torch.autograd.gradcheck(lambda x, w, b: tn.layer_norm(x, w, b), (x, w, b))
+
+
+@pytest.mark.parametrize("fp8_dtype", (torch.float8_e4m3fn, torch.float8_e5m2), ids=("e4m3", "e5m2"))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_fp8_output_cuda(norm, fp8_dtype, gen):
+    x = rand(gen, (5, 300, 4096), torch.bfloat16, offset=1.0, device=DEV)
+    w = (1 + 0.5 * torch.randn(4096, generator=gen)).to(DEV, torch.bfloat16)
+    b = (0.5 * torch.randn(4096, generator=gen)).to(DEV, torch.bfloat16)
+    scale = torch.tensor([3.0], device=DEV)
+    if norm == "rmsnorm":
+        y8, amax = tn.rms_norm_fp8(x, w, scale, 1e-6, fp8_dtype=fp8_dtype)
+    else:
+        y8, amax = tn.layer_norm_fp8(x, w, b, scale, 1e-5, fp8_dtype=fp8_dtype)
+    q, amax_ref = fp8_reference(norm, x, w, b, 3.0, fp8_dtype, 1e-6 if norm == "rmsnorm" else 1e-5)
+    assert y8.device.type == "cuda" and y8.dtype == fp8_dtype and amax.shape == (1,)
+    assert_close("amax", amax, amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+    step = 2.0 ** -(3 if fp8_dtype == torch.float8_e4m3fn else 2)
+    assert_close("y_fp8", y8.double(), q.double(), torch.float32, rtol=step, atol=0.02)
+    assert (y8.double() == q.double()).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_empty_and_nonfinite_cuda(norm, gen):
+    x = torch.randn(0, 128, device=DEV, requires_grad=True)
+    w = torch.randn(128, device=DEV, requires_grad=True)
+    b = torch.randn(128, device=DEV, requires_grad=True)
+    y = run(norm, x, w, b if norm == "layernorm" else None, 1e-5)
+    y.sum().backward()
+    assert y.shape == (0, 128) and torch.equal(w.grad, torch.zeros_like(w))
+    y8, amax = tn.rms_norm_fp8(x, w, 1.0)
+    assert y8.shape == (0, 128) and amax.item() == 0.0
+    xs = rand(gen, (4, 128), device=DEV)
+    xs[0, 3], xs[1, 2] = float("nan"), float("inf")
+    ours = run(norm, xs, w.detach(), b.detach(), 1e-5)
+    theirs = (F.rms_norm(xs, (128,), w.detach(), 1e-5) if norm == "rmsnorm"
+              else F.layer_norm(xs, (128,), w.detach(), b.detach(), 1e-5))
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    torch.testing.assert_close(ours[theirs.isfinite()], theirs[theirs.isfinite()])
+    torch.cuda.synchronize()
+
+
+def test_zero_copy_cuda(monkeypatch, gen):
+    spy = Spy(monkeypatch)
+    big = rand(gen, (10, 4, 1024), torch.bfloat16, device=DEV)
+    x = big[2:7].requires_grad_()
+    w = torch.randn(1024, generator=gen).to(DEV, torch.bfloat16).requires_grad_()
+    y = tn.rms_norm(x, w)
+    (k, ptrs), = spy.calls
+    assert k.kind == "cuda"
+    assert ptrs[0] == x.data_ptr() and ptrs[1] == w.data_ptr() and ptrs[2] == y.data_ptr()
+    y.backward(torch.ones_like(y))
+    assert spy.calls[1][1][1] == x.data_ptr()
+
+
+def test_non_default_stream(gen):
+    """The kernels run on torch's current stream: if they ran on any other stream, they would
+    read x before the copy queued behind a long sleep on ``s`` and normalize zeros."""
+    x_src = rand(gen, (64, 4096), torch.bfloat16, device=DEV)
+    w = (1 + 0.5 * torch.randn(4096, generator=gen)).to(DEV, torch.bfloat16)
+    want = F.rms_norm(x_src.double(), (4096,), w.double(), 1e-6)
+    tn.rms_norm(x_src, w)  # compile and load outside the timed region
+    x = torch.zeros_like(x_src)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    assert s != torch.cuda.default_stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time queued on s
+        x.copy_(x_src)
+        y = tn.rms_norm(x, w)
+        y8, amax = tn.rms_norm_fp8(x, w, 1.0)
+        xg = x.clone().requires_grad_()
+        wg = w.clone().requires_grad_()
+        yg = tn.rms_norm(xg, wg)
+        yg.backward(torch.ones_like(yg))
+    s.synchronize()
+    assert_close("y on stream", y, want)
+    assert_close("amax on stream", amax, want.abs().max().reshape(1), torch.float32, rtol=1e-5, atol=0)
+    assert yg.abs().max() > 0 and wg.grad.abs().max() > 0
+
+
+def test_alignment_cuda(gen):
+    w = torch.ones(128, device=DEV)
+    flat = torch.randn(4 * 128 + 1, device=DEV)
+    x = flat[1:].view(4, 128)  # 4 bytes off a 16-byte boundary
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        tn.rms_norm(x, w)
+    torch.testing.assert_close(tn.rms_norm(x.clone(), w), F.rms_norm(x, (128,), w, 1e-6))
+    # a row slice with rows of 14 bytes only needs 2-byte alignment: accepted, no copy
+    big = rand(gen, (9, 7), torch.float16, device=DEV)
+    w7 = torch.randn(7, generator=gen).to(DEV, torch.float16)
+    xs = big[1:]
+    assert_close("row slice", tn.rms_norm(xs, w7), F.rms_norm(xs.double(), (7,), w7.double(), 1e-6))
+    # a misaligned weight is one row: copied, not refused
+    wflat = torch.randn(129, device=DEV)
+    torch.testing.assert_close(tn.rms_norm(x.clone(), wflat[1:]), F.rms_norm(x, (128,), wflat[1:], 1e-6))
+
+
+def test_device_mismatch_cuda():
+    x = torch.randn(4, 128, device=DEV)
+    with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cpu"):
+        tn.rms_norm(x, torch.ones(128))
+    with pytest.raises(ValueError, match="but scale is on cpu"):
+        tn.rms_norm_fp8(x, torch.ones(128, device=DEV), torch.ones(1))
+    if torch.cuda.device_count() > 1:
+        with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cuda:1"):
+            tn.rms_norm(x, torch.ones(128, device="cuda:1"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device(gen):
+    x = rand(gen, (8, 1024), torch.bfloat16, device="cuda:1")
+    w = torch.randn(1024, generator=gen).to("cuda:1", torch.bfloat16)
+    y = tn.rms_norm(x, w)
+    assert y.device == x.device
+    assert_close("y on cuda:1", y, F.rms_norm(x.double(), (1024,), w.double(), 1e-6))
+
+
+def test_compile_inductor_cuda(gen):
+    torch.manual_seed(0)
+    m = Block(128).to(DEV)
+    x = rand(gen, (2, 5, 128), device=DEV)
+    torch._dynamo.reset()
+    cm = torch.compile(m, fullgraph=True)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yc = m(xe), cm(xc)
+    torch.testing.assert_close(yc, ye, rtol=1e-4, atol=1e-4)
+    ye.sum().backward()
+    yc.sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_patch_norms_cuda(gen):
+    torch.manual_seed(0)
+    model = Model().to(DEV, torch.bfloat16).eval()
+    x = rand(gen, (2, 3, 128), torch.bfloat16, device=DEV)
+    with torch.no_grad():
+        want = model(x)
+        tn.patch_norms(model)
+        got = model(x)
+    assert type(model.final) is tn.LayerNorm and model.final.weight.device.type == "cuda"
+    assert all(k.kind == "cuda" for t, k in _host._KERNELS.items() if t[-1] == "cuda")
+    assert_close("patched model", got, want.double(), torch.bfloat16, rtol=2 ** -6, atol=2e-2)
