@@ -602,7 +602,7 @@ def meta_header(args, kind, timer, roof, library_info) -> dict:
     if kind == "cuda":
         versions["cuda"] = torch.version.cuda
     env = {k: os.environ[k] for k in ("TVMNORM_LIBRARY", "TVMNORM_CACHE", "CUDA_VISIBLE_DEVICES",
-                                      "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "TVM_NUM_THREADS") if k in os.environ}
+                                      "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "TVM_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_") if k in os.environ}
     return {
         "device": _device_name(kind), "target": kind, "versions": versions,
         "git_commit": commit, "git_dirty": dirty, "tvmnorm_source_hash": source_hash(),
