@@ -28,7 +28,8 @@ class CudaRowConfig:
     def __post_init__(self):
         if self.cache not in ("none", "shared"):
             raise ValueError(f"cache must be 'none' or 'shared', got {self.cache!r}")
-        if self.threads * self.rows > 1024:
+        # the design space passes MetaSchedule random variables here; only plain ints are checked
+        if isinstance(self.threads, int) and isinstance(self.rows, int) and self.threads * self.rows > 1024:
             raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
 
 
@@ -158,9 +159,9 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         sch.bind(tx, "threadIdx.x")
         # 2-D copies (the shared staging) move memory only: vectorise them. Stages that do fp32
         # math stay scalar per element (NVRTC rejects float32x8 arithmetic) and are unrolled.
-        if two_d and not is_reduction(sch, blk) and not is_output(sch, blk) and vec > 1:
+        if two_d and not is_reduction(sch, blk) and not is_output(sch, blk):
             sch.vectorize(v)
-        elif two_d and cfg.vload and vec > 1:
+        elif two_d and cfg.vload:
             _vector_io(sch, blk, outer)
         sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
         sch.annotate(outer, "pragma_unroll_explicit", 1)
@@ -180,7 +181,7 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
         loops = sch.get_loops(blk)[2:]
         if len(loops) != 1 or _extent_is(sch, loops[0], 1):
             continue
-        if not is_reduction(sch, blk) and cfg.vec > 1:
+        if not is_reduction(sch, blk):
             _, v = sch.split(loops[0], [None, cfg.vec])
             sch.vectorize(v)
     return sch

@@ -1,0 +1,93 @@
+"""The norm-specific MetaSchedule design space.
+
+MetaSchedule's built-in rules see RMSNorm as a generic reduction and offer 8 candidates, none
+better than dlight (0.13 of copy bandwidth at hidden 128 on the H200). The schedules that
+matter for memory-bound row norms are the ones TE and Liger write by hand: a partial warp, a
+warp or several warps per row, several rows per block for short rows, 16-byte vector
+accesses, the whole row handled in one block with the statistics in registers. This space
+is exactly that family: the shared row schedule of ``rows.py`` with each knob a
+``sample_categorical`` decision, so the evolutionary search re-samples and the XGBoost cost
+model ranks them, and every decision is only a split factor or an annotation, so a record
+tuned at a static row count replays on the symbolic-row kernel.
+
+CUDA knobs: threads per row (4..1024), rows per block (1..16), vector width (elements per
+thread per access, up to 16 bytes, only widths that divide the row: TE's rule
+hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because predicated tails
+handle the rest), unroll depth, and (as a second design space) whether the row is staged
+in shared memory so that x is read from HBM once. Combinations that cannot work are pruned
+here (more than 1024 threads; several rows per block with multi-warp rows, which would need a
+barrier inside the row-tail predicate) or rejected by VerifyGPUCode.
+
+llvm knobs: vector split of the hidden loop (4..64 lanes) and rows per parallel task.
+"""
+from __future__ import annotations
+
+from ..key import DTYPE_BYTES, NormKey
+from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
+
+TUNED_PARTS = ("fwd", "dx")
+THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ROWS = (1, 2, 4, 8, 16)
+UNROLL = (0, 16, 64, 256)
+CPU_VEC = (4, 8, 16, 32, 64)
+CPU_ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def cuda_vec_choices(key: NormKey) -> list:
+    b = DTYPE_BYTES[key.itype]
+    return [v for v in (1, 2, 4, 8, 16) if v * b <= 16 and key.hidden_size % v == 0]
+
+
+def cuda_thread_choices(key: NormKey) -> list:
+    """Thread counts that give every thread at least one vector and at most 32 of them."""
+    lo = max(1, key.hidden_size // (16 * 32))
+    out = [t for t in THREADS if t >= lo and t <= max(4, key.hidden_size)]
+    return out or [THREADS[0]]
+
+
+def _categorical(sch, choices):
+    return sch.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
+
+
+def cuda_space(key: NormKey, cache: str = "none"):
+    def space(sch):
+        threads = _categorical(sch, cuda_thread_choices(key))
+        rows = _categorical(sch, ROWS)
+        vec = _categorical(sch, cuda_vec_choices(key))
+        unroll = _categorical(sch, UNROLL)
+        schedule_rows_cuda(None, CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=unroll,
+                                               cache=cache), sch=sch)
+        return sch
+    return space
+
+
+def llvm_space(key: NormKey):
+    def space(sch):
+        vec = _categorical(sch, [v for v in CPU_VEC if v <= max(4, key.hidden_size)])
+        rows = _categorical(sch, CPU_ROWS)
+        schedule_rows_cpu(None, CpuRowConfig(vec=vec, rows=rows), sch=sch)
+        return sch
+    return space
+
+
+def design_spaces(key: NormKey, kind: str) -> list:
+    """One space-generating function per structural variant."""
+    if kind == "llvm":
+        return [llvm_space(key)]
+    spaces = [cuda_space(key)]
+    # staging the row in shared memory needs rows * hidden * size <= 48 KiB at one row per block
+    if key.hidden_size * DTYPE_BYTES[key.itype] * (2 if key.stage != "fwd" else 1) <= 48 * 1024:
+        spaces.append(cuda_space(key, cache="shared"))
+    return spaces
+
+
+def space_fn(key: NormKey, kind: str):
+    """The ScheduleFn body for MetaSchedule: every structural variant from a copy of ``sch``."""
+    def fn(sch):
+        out = []
+        for space in design_spaces(key, kind):
+            s = sch.copy()
+            space(s)
+            out.append(s)
+        return out
+    return fn

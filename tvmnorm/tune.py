@@ -1,0 +1,123 @@
+"""`tvmnorm tune`: MetaSchedule over tvmnorm's design space, one task per key and row kernel.
+
+tuning_logs/<target>/<key>/<part>/ holds the raw MetaSchedule database (workload + tuning
+records, JSON). After each key the best record's trace is written to
+schedules/<target-arch>.json (committed data), atomically, so an interrupted run loses nothing
+and a rerun skips keys that are done. Builds and measurements happen in this process: the
+default LocalBuilder/LocalRunner start worker processes that spend 45-90 s importing TVM.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+from .key import NormKey
+from .targets import target_name, target_spec
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TUNE_ROWS = {"cuda": 16384, "llvm": 1024}
+
+
+def schedules_path(kind: str, root=None) -> pathlib.Path:
+    return pathlib.Path(root or REPO / "schedules") / f"{target_name(kind)}.json"
+
+
+def load_records(kind: str, root=None) -> dict:
+    """packed key -> record, from schedules/<target-arch>.json (empty when there is none)."""
+    path = schedules_path(kind, root)
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {int(k, 16): v for k, v in data.get("records", {}).items()}
+
+
+def save_records(kind: str, records: dict, root=None) -> None:
+    from ._tvm import FFI_VERSION, TVM_VERSION
+    path = schedules_path(kind, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"target": target_spec(kind), "tvm_version": TVM_VERSION, "ffi_version": FFI_VERSION,
+            "records": {f"{k:#x}": v for k, v in sorted(records.items())}}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def tuning_func(key: NormKey, part: str, rows: int):
+    """The static-row PrimFunc MetaSchedule measures (eps bound to a constant: the measuring
+    harness only fills tensor arguments)."""
+    from . import compute
+    func = compute.kernel_funcs(key, rows=rows)[part]
+    eps = [p for p in func.params if p.name == "eps"]
+    if eps:
+        func = func.specialize({eps[0]: 1e-6})
+    return func.with_attr("global_symbol", "main")
+
+
+def _bar(i, n, t0, label):
+    done = i / n if n else 1
+    el = time.time() - t0
+    eta = el / done - el if done else 0
+    fill = int(30 * done)
+    sys.stderr.write(f"\r[{'#' * fill}{'.' * (30 - fill)}] {i}/{n} {el:5.0f}s eta {eta:5.0f}s  {label[:60]:60s}")
+    sys.stderr.flush()
+
+
+def tune_key(key: NormKey, kind: str, trials: int, logs: pathlib.Path, rows: int, seed: int = 1) -> dict:
+    """Tune the row kernels of one key; returns its record (part -> trace JSON, and run times)."""
+    from ._tvm import IRModule, ms, target
+    from .sched.space import TUNED_PARTS, space_fn
+    from .measure import InProcessBuilder, InProcessRunner
+    from .compute.norms import parts_of
+    tgt = target(target_spec(kind))
+    record = {"key": key.name, "describe": key.describe(), "rows": rows, "trials": trials, "parts": {},
+              "run_us": {}}
+    for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
+        func = tuning_func(key, part, rows)
+        work = logs / target_name(kind) / key.name / part
+        work.mkdir(parents=True, exist_ok=True)
+        postprocs = ([ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()] if kind == "cuda"
+                     else [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()])
+        db = ms.tune_tir(IRModule({"main": func}), tgt, str(work), max_trials_global=trials,
+                         num_trials_per_iter=min(trials, 16),
+                         space=ms.space_generator.ScheduleFn(space_fn(key, kind), sch_rules=[],
+                                                             postprocs=postprocs, mutator_probs={}),
+                         builder=InProcessBuilder(), runner=InProcessRunner(kind),
+                         cost_model="xgb", strategy="evolutionary", seed=seed, num_tuning_cores=1)
+        rec = db.query_tuning_record(IRModule({"main": func}), tgt, workload_name="main")
+        if rec is None:
+            raise RuntimeError(f"no valid schedule found for {key.name} {part}")
+        record["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
+                                                      default=lambda o: o.value))
+        record["run_us"][part] = 1e6 * min(float(s) for s in rec.run_secs)
+    return record
+
+
+def tune_main(args, keys) -> None:
+    kind = args.target
+    logs = pathlib.Path(args.logs)
+    rows = args.rows or TUNE_ROWS[kind]
+    records = load_records(kind, args.schedules)
+    todo = [k for k in keys if records.get(k.pack(), {}).get("trials", 0) < args.trials]
+    print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
+          f"tuned), {args.trials} trials each, rows={rows}", file=sys.stderr)
+    t0 = time.time()
+    for i, key in enumerate(todo):
+        _bar(i, len(todo), t0, key.name)
+        try:
+            records[key.pack()] = tune_key(key, kind, args.trials, logs, rows, args.seed)
+        except Exception as e:  # noqa: BLE001 - one key's failure must not lose the others
+            print(f"\ntuning {key.name} failed: {e}", file=sys.stderr)
+            continue
+        save_records(kind, records, args.schedules)
+    _bar(len(todo), len(todo), t0, "done")
+    print(file=sys.stderr)
+    if not args.no_build:
+        from .build import build_library
+        from .runtime import DEFAULT_LIBRARY_ROOT
+        out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / kind
+        build_library(keys, kind, out, records=records)
