@@ -185,7 +185,7 @@ def rms_fwd_fp8(x2, w, scale, eps: float, zc: bool, fp8_dtype):
     y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
     rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
     amax = torch.zeros((1,), dtype=torch.float32, device=x2.device)
-    if rows:  # the core's amax reduction leaves its output unwritten for zero rows
+    if rows:  # no rows, no kernel: amax of nothing is 0 (the first core left it unwritten)
         kernel("rmsnorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
             x2, w, _fp8_scale(scale, x2.device), y, rs, amax, eps=eps)
     return y, amax
@@ -207,8 +207,8 @@ def rms_bwd(dy2, x2, rs, w, zc: bool):
     rows, hidden = x2.shape
     dx = torch.empty_like(x2)
     if not rows:
-        # The core's wgrad reduction runs over zero rows and never writes its partial sums, so
-        # dgamma would be garbage: the gradient of an empty sum is zero, say so directly.
+        # No rows, no kernels: the gradient of an empty sum is zero. (The first core's wgrad
+        # reduction over zero rows never wrote its partial sums, leaving dgamma as garbage.)
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
     kernel("rmsnorm", "bwd", x2.dtype, w.dtype, dy2.dtype, hidden, zc, x2.device)(dy2, x2, rs, w, dx, dw)
