@@ -109,8 +109,10 @@ def kernels():
 
 
 def tensor(values: np.ndarray, dtype: str, device="cpu") -> torch.Tensor:
-    """float64 values -> a contiguous tensor of ``dtype`` (rounded once)."""
-    return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=TORCH_DTYPE[dtype])
+    """float64 values -> a contiguous tensor of ``dtype`` (rounded once). Copied into a fresh
+    tensor: torch.from_numpy gives an empty array strides (0, 0), which TVM rejects as not compact."""
+    src = torch.from_numpy(np.ascontiguousarray(values)).to(dtype=TORCH_DTYPE[dtype])
+    return torch.empty(src.shape, dtype=src.dtype, device=device).copy_(src)
 
 
 def poisoned(shape, dtype: str, device="cpu") -> torch.Tensor:

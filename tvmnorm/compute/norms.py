@@ -116,8 +116,11 @@ def fwd(key: NormKey, rows=None, name="fwd"):
 def amax(rows=None, name="amax"):
     N = _rows(rows)
     row = te.placeholder((N,), "float32", name="amax_row")
-    r = te.reduce_axis((0, N), name="r")
-    out = te.compute((1,), lambda _: te.max(row[r], axis=r), name="amax")
+    # at least one step: a TIR reduction initialises inside its loop, so a zero-extent one would
+    # leave amax unwritten; the guarded step adds 0, neutral for a max of absolute values
+    r = te.reduce_axis((0, tirx.max(N, 1) if isinstance(N, tirx.Var) else max(N, 1)), name="r")
+    out = te.compute((1,), lambda _: te.max(te.if_then_else(r < N, row[r], tirx.const(0.0, "float32")), axis=r),
+                     name="amax")
     return _func([row, out], name)
 
 
@@ -174,7 +177,8 @@ def wgrad(key: NormKey, rows=None, name="wgrad"):
     dy, x, mu, rs = _bwd_inputs(key, N)
     xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
             else (lambda i, j: up(x[i, j]) * rs[i]))
-    steps = tirx.ceildiv(N, P) if isinstance(N, tirx.Var) else (N + P - 1) // P
+    # at least one step, so the partials are initialised (to 0, by the guard) when there are no rows
+    steps = tirx.max(tirx.ceildiv(N, P), 1) if isinstance(N, tirx.Var) else max((N + P - 1) // P, 1)
     zero = tirx.const(0.0, c)
 
     t = te.reduce_axis((0, steps), name="t")

@@ -1,0 +1,109 @@
+"""The same numerics as test_numerics.py on target "cuda", with torch CUDA tensors.
+
+Skipped cleanly without a CUDA GPU (torch.cuda.is_available() False, or TVM built without CUDA).
+Run on the GPU host with ``python -m pytest -q -m gpu tests/test_gpu_core.py``. Each key compiles
+once (default schedule, NVRTC) per module; inputs and outputs live on the GPU, the float64
+reference runs on the host from the same rounded inputs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import KernelCache, call, check_outputs, make_inputs
+from tvmnorm.key import NormKey
+
+
+def _cuda_ok() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from tvmnorm._tvm import cuda_available
+        return cuda_available()
+    except Exception:  # noqa: BLE001 - any failure to reach TVM's CUDA runtime means no GPU tests
+        return False
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _cuda_ok(), reason="needs a CUDA GPU (torch and TVM with CUDA)")]
+
+STAGES = ("fwd", "bwd", "bwd_add")
+NORMS = ("rmsnorm", "layernorm")
+DTYPES = ("bf16", "fp16", "fp32")
+HIDDENS = (128, 1000, 7168)
+ROWS = (1, 4097)
+
+
+@pytest.fixture(scope="module")
+def cuda_kernels():
+    return KernelCache("cuda")
+
+
+def run_and_check(kernels, key, rows, rng, seed):
+    inputs = make_inputs(key, rows, rng, device="cuda")
+    outs = call(kernels(key), inputs, rows, device="cuda")
+    torch.cuda.synchronize()
+    check_outputs(key, inputs, outs, f"cuda {key.name} rows={rows} seed={seed}")
+    return inputs, outs
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", STAGES)
+def test_cuda_matrix(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    run_and_check(cuda_kernels, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("hidden", (1, 4095))
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", STAGES)
+def test_cuda_odd_hidden_zero_centered(cuda_kernels, stage, norm, hidden, rng, seed):
+    """Odd hidden sizes take the predicated tails of the row schedule."""
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=hidden,
+                  zero_centered_gamma=True)
+    run_and_check(cuda_kernels, key, 257, rng, seed)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_mixed_dtypes(cuda_kernels, stage, norm, rng, seed):
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=7168)
+    run_and_check(cuda_kernels, key, 4097, rng, seed)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_fp8_output(cuda_kernels, norm, otype, hidden, rows, rng, seed):
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype=otype, hidden_size=hidden)
+    run_and_check(cuda_kernels, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_wgrad_bitwise_reproducible(cuda_kernels, norm, stage, rng, seed):
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=7168)
+    rows = 4097
+    inputs = make_inputs(key, rows, rng, device="cuda")
+    k = cuda_kernels(key)
+    first, second = call(k, inputs, rows, device="cuda"), call(k, inputs, rows, device="cuda")
+    torch.cuda.synchronize()
+    for name in ("dgamma", "dbeta") if norm == "layernorm" else ("dgamma",):
+        assert torch.equal(first[name].view(torch.int32), second[name].view(torch.int32)), (
+            f"{name} differs between two runs ({key.name} seed={seed})")
+    check_outputs(key, inputs, first, f"cuda {key.name} rows={rows} seed={seed}")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_cuda_zero_rows(cuda_kernels, stage, rng, seed):
+    """No rows: nothing is launched for the row kernels, dgamma of nothing is 0."""
+    key = NormKey(norm="layernorm", stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=1000)
+    inputs = make_inputs(key, 0, rng, device="cuda")
+    outs = call(cuda_kernels(key), inputs, 0, device="cuda")
+    torch.cuda.synchronize()
+    for name in ("dgamma", "dbeta") if stage != "fwd" else ():
+        assert torch.equal(outs[name].float().cpu(), torch.zeros(1000)), name
