@@ -74,6 +74,13 @@ def _loaders(key: NormKey):
     return c, up, gamma
 
 
+def _store(stat, name):
+    """The saved per-row statistic as its own copy stage. The statistic itself is a temporary
+    that every thread of a row computes into a register, and one thread stores this copy: a
+    row's other threads never read the global output back (no barrier orders global memory)."""
+    return te.compute(stat.shape, lambda i: stat[i], name=name)
+
+
 def fwd(key: NormKey, rows=None, name="fwd"):
     c, up, gamma = _loaders(key)
     H = key.hidden_size
@@ -87,20 +94,20 @@ def fwd(key: NormKey, rows=None, name="fwd"):
     if key.norm == "rmsnorm":
         k = te.reduce_axis((0, H), name="k")
         ss = te.compute((N,), lambda i: te.sum(xf(i, k) * xf(i, k), axis=k), name="sumsq")
-        rs = te.compute((N,), lambda i: te.rsqrt(ss[i] * inv_h + eps), name="rsigma")
+        rs = te.compute((N,), lambda i: te.rsqrt(ss[i] * inv_h + eps), name="rstd")
         yf = lambda i, j: xf(i, j) * rs[i] * g(j)  # noqa: E731
-        ins, stats = [x, w], [rs]
+        ins, stats = [x, w], [_store(rs, "rsigma")]
     else:
         b = te.placeholder((H,), TVM_DTYPE[key.wtype], name="beta")
         k1, k2 = te.reduce_axis((0, H), name="k1"), te.reduce_axis((0, H), name="k2")
         s = te.compute((N,), lambda i: te.sum(xf(i, k1), axis=k1), name="sum")
-        mu = te.compute((N,), lambda i: s[i] * inv_h, name="mu")
+        mu = te.compute((N,), lambda i: s[i] * inv_h, name="mean")
         # two-pass variance: E[(x - mu)^2] does not cancel catastrophically like E[x^2] - mu^2
         vs = te.compute((N,), lambda i: te.sum((xf(i, k2) - mu[i]) * (xf(i, k2) - mu[i]), axis=k2),
                         name="varsum")
-        rs = te.compute((N,), lambda i: te.rsqrt(vs[i] * inv_h + eps), name="rsigma")
+        rs = te.compute((N,), lambda i: te.rsqrt(vs[i] * inv_h + eps), name="rstd")
         yf = lambda i, j: (xf(i, j) - mu[i]) * rs[i] * g(j) + up(b[j])  # noqa: E731
-        ins, stats = [x, w, b], [mu, rs]
+        ins, stats = [x, w, b], [_store(mu, "mu"), _store(rs, "rsigma")]
     if not key.fp8_out:
         y = te.compute((N, H), lambda i, j: yf(i, j).astype(TVM_DTYPE[key.otype]), name="y")
         return _func(ins + [y] + stats + [eps], name)
@@ -178,7 +185,7 @@ def wgrad(key: NormKey, rows=None, name="wgrad"):
     xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
             else (lambda i, j: up(x[i, j]) * rs[i]))
     # at least one step, so the partials are initialised (to 0, by the guard) when there are no rows
-    steps = tirx.max(tirx.ceildiv(N, P), 1) if isinstance(N, tirx.Var) else max((N + P - 1) // P, 1)
+    steps = tirx.max(tirx.ceildiv(N, P), 1)  # P is symbolic, so this is an expression either way
     zero = tirx.const(0.0, c)
 
     t = te.reduce_axis((0, steps), name="t")

@@ -63,17 +63,6 @@ def _inner_loop(sch, blk, depth):
     return sch.fuse(*inner) if len(inner) > 1 else inner[0]
 
 
-def _stage_row_scalars(sch, scope):
-    """Per-row outputs (rsigma, mu) that later stages read are written by one thread; the readers
-    would race on the global copy (no barrier guards global memory), so they read a copy in
-    ``scope`` instead, which ThreadSync guards."""
-    root = sch.get_sblock("root")
-    for blk in list(sch.get_child_blocks(root)):
-        if (is_output(sch, blk) and not is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 1
-                and sch.get_consumers(blk)):
-            sch.cache_write(blk, 0, scope, consumer_blocks=sch.get_consumers(blk))
-
-
 def _row_inputs(sch):
     """Indices (block, read index) of the 2-D global inputs the row stages read, per buffer."""
     func = sch.mod["main"]
@@ -131,13 +120,15 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     """
     sch = sch or Schedule(func)
     root = sch.get_sblock("root")
-    _stage_row_scalars(sch, "local")
     if cfg.cache == "shared":
         for name, (blk, idx) in _row_inputs(sch).items():
             readers = [b for b in sch.get_child_blocks(root)
                        if any(r.source.name == name for r in sch.get(b).reads)]
-            if len(readers) > 1:  # read once from HBM, then from shared by every stage
-                sch.cache_read(blk, idx, "shared", consumer_blocks=readers)
+            if len(readers) > 1:
+                # read once from HBM, then from shared by every stage. No consumer_blocks: all
+                # readers are redirected anyway, and Trace.simplified() drops RVs that appear
+                # only inside consumer_blocks, which breaks MetaSchedule's replay of the trace.
+                sch.cache_read(blk, idx, "shared")
     anchor = _anchor(sch)
     bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
     sch.bind(bx, "blockIdx.x")
