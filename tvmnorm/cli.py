@@ -114,6 +114,7 @@ def main(argv=None):
     p.add_argument("--no-build", action="store_true", help="do not build the library afterwards")
     p.add_argument("--out", default=None, help="library directory (default: the package's)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8, help="keys per MetaSchedule session")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

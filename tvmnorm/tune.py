@@ -1,9 +1,9 @@
 """`tvmnorm tune`: MetaSchedule over tvmnorm's design space, one task per key and row kernel.
 
-tuning_logs/<target>/<key>/<part>/ holds the raw MetaSchedule database (workload + tuning
-records, JSON). After each key the best record's trace is written to
-schedules/<target-arch>.json (committed data), atomically, so an interrupted run loses nothing
-and a rerun skips keys that are done. Builds and measurements happen in this process: the
+tuning_logs/<target-arch>/ holds the raw MetaSchedule database (workload + tuning records, JSON,
+appended as candidates are measured). After each batch of keys the best record's trace per key is
+written to schedules/<target-arch>.json (committed data), atomically, so an interrupted run
+loses at most one batch of search and a rerun skips keys that are done. Builds and measurements happen in this process: the
 default LocalBuilder/LocalRunner start worker processes that spend 45-90 s importing TVM.
 """
 from __future__ import annotations
@@ -67,34 +67,49 @@ def _bar(i, n, t0, label):
     sys.stderr.flush()
 
 
-def tune_key(key: NormKey, kind: str, trials: int, logs: pathlib.Path, rows: int, seed: int = 1) -> dict:
-    """Tune the row kernels of one key; returns its record (part -> trace JSON, and run times)."""
+def _postprocs(kind):
+    from ._tvm import ms
+    if kind == "cuda":
+        return [ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()]
+    return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
+
+
+def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed: int = 1) -> dict:
+    """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
+    30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
     from ._tvm import IRModule, ms, target
-    from .sched.space import TUNED_PARTS, space_fn
-    from .measure import InProcessBuilder, InProcessRunner
     from .compute.norms import parts_of
+    from .measure import InProcessBuilder, InProcessRunner
+    from .sched.space import TUNED_PARTS, space_fn
     tgt = target(target_spec(kind))
-    record = {"key": key.name, "describe": key.describe(), "rows": rows, "trials": trials, "parts": {},
-              "run_us": {}}
-    for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
-        func = tuning_func(key, part, rows)
-        work = logs / target_name(kind) / key.name / part
-        work.mkdir(parents=True, exist_ok=True)
-        postprocs = ([ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()] if kind == "cuda"
-                     else [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()])
-        db = ms.tune_tir(IRModule({"main": func}), tgt, str(work), max_trials_global=trials,
-                         num_trials_per_iter=min(trials, 16),
-                         space=ms.space_generator.ScheduleFn(space_fn(key, kind), sch_rules=[],
-                                                             postprocs=postprocs, mutator_probs={}),
-                         builder=InProcessBuilder(), runner=InProcessRunner(kind),
-                         cost_model="xgb", strategy="evolutionary", seed=seed, num_tuning_cores=1)
+    funcs, spaces, owner = {}, {}, {}
+    for key in keys:
+        for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
+            task = f"{key.name}_{part}"
+            funcs[task] = tuning_func(key, part, rows)
+            spaces[task] = ms.space_generator.ScheduleFn(space_fn(key, kind), sch_rules=[],
+                                                         postprocs=_postprocs(kind), mutator_probs={})
+            owner[task] = (key, part)
+    work = logs / target_name(kind)
+    work.mkdir(parents=True, exist_ok=True)
+    db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
+                     max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
+                     space="post-order-apply", special_space=spaces,
+                     builder=InProcessBuilder(), runner=InProcessRunner(kind),
+                     cost_model="xgb", strategy="evolutionary", seed=seed, num_tuning_cores=1)
+    records = {}
+    for task, func in funcs.items():
+        key, part = owner[task]
         rec = db.query_tuning_record(IRModule({"main": func}), tgt, workload_name="main")
-        if rec is None:
-            raise RuntimeError(f"no valid schedule found for {key.name} {part}")
-        record["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
-                                                      default=lambda o: o.value))
-        record["run_us"][part] = 1e6 * min(float(s) for s in rec.run_secs)
-    return record
+        if rec is None or not rec.run_secs:
+            print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
+            continue
+        r = records.setdefault(key.pack(), {"key": key.name, "describe": key.describe(), "rows": rows,
+                                            "trials": trials, "parts": {}, "run_us": {}})
+        r["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
+                                                 default=lambda o: o.value))
+        r["run_us"][part] = 1e6 * min(float(x) for x in rec.run_secs)
+    return records
 
 
 def tune_main(args, keys) -> None:
@@ -106,14 +121,17 @@ def tune_main(args, keys) -> None:
     print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
           f"tuned), {args.trials} trials each, rows={rows}", file=sys.stderr)
     t0 = time.time()
-    for i, key in enumerate(todo):
-        _bar(i, len(todo), t0, key.name)
+    batch = max(1, args.batch)
+    for i in range(0, len(todo), batch):
+        group = todo[i:i + batch]
+        _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
-            records[key.pack()] = tune_key(key, kind, args.trials, logs, rows, args.seed)
-        except Exception as e:  # noqa: BLE001 - one key's failure must not lose the others
-            print(f"\ntuning {key.name} failed: {e}", file=sys.stderr)
+            found = tune_batch(group, kind, args.trials, logs, rows, args.seed)
+        except Exception as e:  # noqa: BLE001 - one batch's failure must not lose the others
+            print(f"\ntuning {[k.name for k in group]} failed: {e}", file=sys.stderr)
             continue
-        save_records(kind, records, args.schedules)
+        records.update(found)
+        save_records(kind, records, args.schedules)  # after every batch: an interrupt loses little
     _bar(len(todo), len(todo), t0, "done")
     print(file=sys.stderr)
     if not args.no_build:
