@@ -177,6 +177,16 @@ def call(kernel, inputs: dict, rows: int, device="cpu", eps=None) -> dict:
     return outs
 
 
+def run_and_check(kernels, key: NormKey, rows: int, rng, seed: int, device="cpu", eps=None):
+    """Fresh inputs, NaN-poisoned outputs, one kernel call, every output checked."""
+    inputs = make_inputs(key, rows, rng, device=device)
+    outs = call(kernels(key), inputs, rows, device=device, eps=eps)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    check_outputs(key, inputs, outs, f"{device} {key.name} rows={rows} seed={seed}", eps=eps)
+    return inputs, outs
+
+
 # ---------------------------------------------------------------------------------------------
 # checks
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import KernelCache, call, check_outputs, make_inputs
+from conftest import run_and_check as check_on
 from tvmnorm.key import NormKey
 
 
@@ -40,11 +41,7 @@ def cuda_kernels():
 
 
 def run_and_check(kernels, key, rows, rng, seed):
-    inputs = make_inputs(key, rows, rng, device="cuda")
-    outs = call(kernels(key), inputs, rows, device="cuda")
-    torch.cuda.synchronize()
-    check_outputs(key, inputs, outs, f"cuda {key.name} rows={rows} seed={seed}")
-    return inputs, outs
+    return check_on(kernels, key, rows, rng, seed, device="cuda")
 
 
 @pytest.mark.parametrize("rows", ROWS)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import call, check_outputs, f64, make_inputs
+from conftest import call, check_outputs, f64, make_inputs, run_and_check
 from tvmnorm.key import NormKey
 
 STAGES = ("fwd", "bwd", "bwd_add")
@@ -17,13 +17,6 @@ NORMS = ("rmsnorm", "layernorm")
 DTYPES = ("fp32", "fp16", "bf16")
 HIDDENS = (1, 128, 1000, 4095, 7168)
 ROWS = (1, 3, 257)
-
-
-def run_and_check(kernels, key, rows, rng, seed, eps=None):
-    inputs = make_inputs(key, rows, rng)
-    outs = call(kernels(key), inputs, rows, eps=eps)
-    check_outputs(key, inputs, outs, f"{key.name} rows={rows} seed={seed}", eps=eps)
-    return inputs, outs
 
 
 @pytest.mark.parametrize("rows", ROWS)

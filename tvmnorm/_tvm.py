@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import te, tirx
+from tvm import te, tirx  # noqa: F401 - re-exported for compute/ and sched/
 from tvm import s_tir
-from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir import dlight
+from tvm.s_tir import meta_schedule as ms  # noqa: F401 - re-exported for tune/measure
 
 TVM_VERSION = tvm.__version__
 FFI_VERSION = tvm_ffi.__version__

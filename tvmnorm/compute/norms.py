@@ -25,7 +25,7 @@ bitwise reproducible for a given input shape.
 from __future__ import annotations
 
 from .._tvm import te, tirx
-from ..key import FP8, TVM_DTYPE, NormKey
+from ..key import TVM_DTYPE, NormKey
 
 KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
                 "bwd": ("dx", "wgrad", "finalize"), "bwd_add": ("dx", "wgrad", "finalize")}

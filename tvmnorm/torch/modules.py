@@ -28,7 +28,19 @@ def _flatten(module, x):
     return x.view(*x.shape[:x.dim() - len(shape)], math.prod(shape))
 
 
-class RMSNorm(torch.nn.RMSNorm):
+class _ZeroCenteredGamma:
+    """Zero-centred gamma stores gamma - 1: a fresh weight is zeros (scale 1), not ones."""
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        if self.weight is not None and getattr(self, "zero_centered_gamma", False):
+            torch.nn.init.zeros_(self.weight)
+
+    def extra_repr(self):
+        return super().extra_repr() + (", zero_centered_gamma=True" if self.zero_centered_gamma else "")
+
+
+class RMSNorm(_ZeroCenteredGamma, torch.nn.RMSNorm):
     """torch.nn.RMSNorm computed by tvmnorm kernels.
 
     ``eps=None`` means ``torch.finfo(x.dtype).eps``, as in torch. With ``zero_centered_gamma`` the
@@ -41,22 +53,14 @@ class RMSNorm(torch.nn.RMSNorm):
         self.zero_centered_gamma = bool(zero_centered_gamma)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
 
-    def reset_parameters(self):
-        super().reset_parameters()
-        if self.weight is not None and getattr(self, "zero_centered_gamma", False):
-            torch.nn.init.zeros_(self.weight)
-
     def forward(self, x):
         x2 = _flatten(self, x)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         weight = None if self.weight is None else self.weight.view(-1)
         return rms_norm(x2, weight, eps, zero_centered_gamma=self.zero_centered_gamma).view(x.shape)
 
-    def extra_repr(self):
-        return super().extra_repr() + (", zero_centered_gamma=True" if self.zero_centered_gamma else "")
 
-
-class LayerNorm(torch.nn.LayerNorm):
+class LayerNorm(_ZeroCenteredGamma, torch.nn.LayerNorm):
     """torch.nn.LayerNorm computed by tvmnorm kernels (``bias=False`` and
     ``elementwise_affine=False`` as in torch; ``zero_centered_gamma`` as in :class:`RMSNorm`)."""
 
@@ -65,19 +69,11 @@ class LayerNorm(torch.nn.LayerNorm):
         self.zero_centered_gamma = bool(zero_centered_gamma)
         super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
-    def reset_parameters(self):
-        super().reset_parameters()
-        if self.weight is not None and getattr(self, "zero_centered_gamma", False):
-            torch.nn.init.zeros_(self.weight)
-
     def forward(self, x):
         x2 = _flatten(self, x)
         weight = None if self.weight is None else self.weight.view(-1)
         bias = None if self.bias is None else self.bias.view(-1)
         return layer_norm(x2, weight, bias, self.eps, zero_centered_gamma=self.zero_centered_gamma).view(x.shape)
-
-    def extra_repr(self):
-        return super().extra_repr() + (", zero_centered_gamma=True" if self.zero_centered_gamma else "")
 
 
 def _replacement(m):
