@@ -104,3 +104,17 @@ def test_cuda_zero_rows(cuda_kernels, stage, rng, seed):
     torch.cuda.synchronize()
     for name in ("dgamma", "dbeta") if stage != "fwd" else ():
         assert torch.equal(outs[name].float().cpu(), torch.zeros(1000)), name
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_large_hidden(cuda_kernels, stage, norm, rng, seed):
+    """hidden 65536: 1024 threads per row, 8 vectors each, in the default rule."""
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=65536)
+    run_and_check(cuda_kernels, key, 257, rng, seed)
+
+
+@pytest.mark.parametrize("stage", ("fwd", "bwd"))
+def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
+    key = NormKey(stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=128)
+    run_and_check(cuda_kernels, key, 2_000_003, rng, seed)

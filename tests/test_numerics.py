@@ -133,3 +133,20 @@ def test_zero_rows(kernels, norm, stage, otype, rng, seed):
     for name in ("dgamma", "dbeta", "amax"):
         if name in outs:
             assert torch.equal(outs[name].float(), torch.zeros(outs[name].shape)), (name, outs[name])
+
+
+@pytest.mark.parametrize("dtype", ("bf16", "fp32"))
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_large_hidden(kernels, norm, stage, dtype, rng, seed):
+    """hidden 65536: the default rule's widest configurations (many steps per thread/lane)."""
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=65536)
+    run_and_check(kernels, key, 3, rng, seed)
+
+
+@pytest.mark.parametrize("stage", ("fwd", "bwd"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_a_million_rows(kernels, norm, stage, rng, seed):
+    """Row counts in the millions (QK-norm over many heads): int64 indexing, many partials."""
+    key = NormKey(norm=norm, stage=stage, itype="fp32", wtype="fp32", otype="fp32", hidden_size=8)
+    run_and_check(kernels, key, 1_000_003, rng, seed)
