@@ -7,11 +7,9 @@ row-schedule configurations, as a fraction of the copy ceiling measured in the s
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
-import traceback
 import warnings
 
 import torch
@@ -28,7 +26,6 @@ FP8_MAX = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}
 
 def reference(key, t, eps):
     """float64 torch reference; returns dict name -> tensor."""
-    H = key.hidden_size
     x = t["x"].double()
     g = t["gamma"].double() + (1.0 if key.zero_centered_gamma else 0.0)
     ln = key.norm == "layernorm"

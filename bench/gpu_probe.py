@@ -5,7 +5,6 @@ python bench/gpu_probe.py --out $OUT   -> probe.json (frac of the copy ceiling, 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import pathlib
 import time

@@ -5,7 +5,6 @@ torch.compile is deselected (--impls): Inductor's C++ build would dominate the t
 import copy
 import csv
 import json
-import pathlib
 
 import pytest
 

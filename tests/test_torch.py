@@ -526,6 +526,8 @@ def test_compile_inductor(gen):
     (ye, gxe, gpe), (yc, gxc, gpc) = out["eager"], out["compiled"]
     torch.testing.assert_close(yc, ye, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(gxc, gxe, rtol=1e-4, atol=1e-4)
+    for gc, ge in zip(gpc, gpe, strict=True):
+        torch.testing.assert_close(gc, ge, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
