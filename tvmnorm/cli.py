@@ -115,6 +115,8 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="library directory (default: the package's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--batch", type=int, default=8, help="keys per MetaSchedule session")
+    p.add_argument("--build-workers", type=int, default=None,
+                   help="processes compiling candidates (default: one per core)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

@@ -74,7 +74,8 @@ def _postprocs(kind):
     return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
 
 
-def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed: int = 1) -> dict:
+def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed: int = 1,
+               workers: int | None = None) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
     from ._tvm import IRModule, ms, target
@@ -95,7 +96,7 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed
     db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
                      max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
                      space="post-order-apply", special_space=spaces,
-                     builder=InProcessBuilder(), runner=InProcessRunner(kind),
+                     builder=InProcessBuilder(kind, workers=workers), runner=InProcessRunner(kind),
                      cost_model="xgb", strategy="evolutionary", seed=seed, num_tuning_cores=1)
     records = {}
     for task, func in funcs.items():
@@ -126,7 +127,7 @@ def tune_main(args, keys) -> None:
         group = todo[i:i + batch]
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
-            found = tune_batch(group, kind, args.trials, logs, rows, args.seed)
+            found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers)
         except Exception as e:  # noqa: BLE001 - one batch's failure must not lose the others
             print(f"\ntuning {[k.name for k in group]} failed: {e}", file=sys.stderr)
             continue
