@@ -118,3 +118,27 @@ def test_load_records_reads_what_tune_wrote(tmp_path):
     save_records("llvm", {NormKey().pack(): {"key": NormKey().name, "parts": {}, "trials": 3}}, tmp_path)
     assert load_records("llvm", tmp_path)[NormKey().pack()]["trials"] == 3
     assert load_records("cuda", tmp_path) == {}
+
+
+@pytest.mark.parametrize("kind", ["llvm", "cuda"])
+def test_candidates_build_in_forked_workers(kind):
+    """The tuning builder compiles sampled candidates in forked workers into loadable libraries
+    (CUDA through cuda_host + nvcc, so timing them needs no NVRTC)."""
+    import shutil
+    from tvm.s_tir import meta_schedule as ms
+    from tvmnorm._tvm import IRModule, Schedule, load_module, target
+    from tvmnorm.measure import InProcessBuilder
+    from tvmnorm.targets import target_spec
+    if kind == "cuda" and not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+        pytest.skip("nvcc not installed")
+    key = NormKey(hidden_size=1024)
+    tgt = target(target_spec(kind))
+    inputs = []
+    for _ in range(2):
+        (sch,) = space_fn(key, kind)(Schedule(tuning_func(key, "fwd", 512)))
+        inputs.append(ms.builder.BuilderInput(IRModule({"main": sch.mod["main"]}), tgt))
+    results = InProcessBuilder(kind, workers=2).build(inputs)
+    for res in results:
+        assert res.error_msg is None, res.error_msg
+        mod = load_module(res.artifact_path)
+        assert mod.implements_function("main")
