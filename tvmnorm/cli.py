@@ -101,7 +101,8 @@ def cmd_bench(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="tvmnorm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tvmnorm", description="RMSNorm/LayerNorm kernels generated and tuned by Apache TVM.")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("tune", help="tune keys with MetaSchedule and build the library")
