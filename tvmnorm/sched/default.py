@@ -38,7 +38,15 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
 
 
 def cpu_row_heuristic(hidden: int) -> CpuRowConfig:
-    return CpuRowConfig(vec=16 if hidden >= 16 else 1, rows=max(1, 4096 // max(hidden, 1)))
+    """16 fp32 lanes (one AVX-512 register; two AVX2 ones) when they divide the row, 4 vector
+    accumulators per row reduction (enough independent adds to cover the FP add latency), and
+    rows per task so that a task covers ~16K elements. Reduction lanes (vec * acc) must divide
+    the row: a reduction's predicated tail does not survive moving it under the row loop, so
+    odd rows get fewer lanes (down to a serial reduction, still correct)."""
+    vec = next(v for v in (16, 8, 4, 2, 1) if hidden % v == 0)
+    acc = next(a for a in (4, 2, 1) if hidden % (vec * a) == 0)
+    unroll = 2 if hidden % (2 * vec) == 0 else 1
+    return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=max(1, 16384 // max(hidden, 1)))
 
 
 def _cuda_wgrad(func):

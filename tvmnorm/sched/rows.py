@@ -35,8 +35,10 @@ class CudaRowConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CpuRowConfig:
-    vec: int = 16             # inner split of the hidden loop, vectorised on spatial stages
+    vec: int = 16             # vector lanes: inner split of the hidden loop, vectorised in every stage
     rows: int = 1             # rows per parallel task
+    acc: int = 4              # independent vector accumulators per row reduction (rfactor lanes / vec)
+    unroll: int = 1           # vectors per step of the elementwise output loop (unrolled)
 
 
 def is_output(sch, blk) -> bool:
@@ -159,20 +161,80 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     return sch
 
 
+def _cpu_rfactor(sch, blk, acc, vec):
+    """Split a per-row reduction over the hidden axis so it runs in SIMD lanes with ``acc``
+    independent vector accumulators: k -> (ko, acc*vec); rfactor the inner part (rf1: per-lane
+    partial sums over ko), then rfactor the acc*vec lanes down to ``vec`` (rf2: acc vector adds),
+    leaving a ``vec``-lane horizontal sum in the original block. Returns (rf1, rf2). Done on the
+    flat function, before the stages are gathered under the row loop (rfactor copies the outer
+    loops of the block into a new nest)."""
+    _, k = sch.get_loops(blk)
+    ko, ka, kv = sch.split(k, [None, acc, vec])
+    rf1 = sch.rfactor(sch.fuse(ka, kv), 1)
+    _, kw = sch.get_loops(blk)
+    _, kv2 = sch.split(kw, [None, vec])
+    rf2 = sch.rfactor(kv2, 1)
+    return rf1, rf2
+
+
 def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     """Rows are parallel tasks; every stage of a row runs inside the task, so per-row temporaries
-    shrink to scalars; spatial stages are vectorised along the hidden axis."""
+    shrink to scalars (or one vector of lanes). Per-row reductions run in ``vec`` SIMD lanes with
+    ``acc`` accumulators (two rfactors, see ``_cpu_rfactor``), spatial stages are vectorised
+    along the hidden axis.
+
+    Only the loop structure decides what is done here, never a knob's value (the knobs may be
+    MetaSchedule random variables, so the same instructions must replay for every sample)."""
     sch = sch or Schedule(func)
     root = sch.get_sblock("root")
-    anchor = _anchor(sch)
+    for blk in list(sch.get_child_blocks(root)):
+        if is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2:
+            _cpu_rfactor(sch, blk, cfg.acc, cfg.vec)
+    blocks = list(sch.get_child_blocks(root))
+    anchor = blocks[0]
     task, r = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
     sch.parallel(task)
-    blocks = _gather_under(sch, anchor, r)
-    for blk in blocks:
+    for blk in blocks[1:]:
+        sch.reverse_compute_at(blk, r, preserve_unit_loops=True)
+    # each block's loops below (task, r), in block-iter order (spatial first, then reduce)
+    rf1s, rf2s = blocks_kind(sch, blocks)
+    for idx, blk in enumerate(blocks):
         loops = sch.get_loops(blk)[2:]
-        if len(loops) != 1 or _extent_is(sch, loops[0], 1):
-            continue
-        if not is_reduction(sch, blk):
-            _, v = sch.split(loops[0], [None, cfg.vec])
-            sch.vectorize(v)
+        if idx in rf1s:
+            # the anchor keeps its own order (ko, lanes); moved blocks come as (lanes, row, ko)
+            if idx == 0:
+                ko, lanes = loops
+            else:
+                lanes, unit, ko = loops
+                sch.reorder(unit, ko, lanes)
+            ka, kv = sch.split(lanes, [None, cfg.vec])
+            sch.vectorize(kv)
+            sch.unroll(ka)
+            init = sch.decompose_reduction(blk, ko)
+            ia, iv = sch.split(sch.get_loops(init)[-1], [None, cfg.vec])
+            sch.vectorize(iv)
+        elif idx in rf2s:
+            lanes, unit, ka = loops
+            sch.reorder(unit, ka, lanes)
+            sch.vectorize(lanes)
+        elif len(sch.get(blk).iter_vars) == 2 and not is_reduction(sch, blk):
+            unit, j = loops
+            jo, ju, jv = sch.split(j, [None, cfg.unroll, cfg.vec])
+            sch.vectorize(jv)
+            sch.unroll(ju)
     return sch
+
+
+def blocks_kind(sch, blocks):
+    """Indices of the first and second rfactor blocks (see ``_cpu_rfactor``) among ``blocks``:
+    a reduction whose only 2-D read is a 2-D temporary is a second-level one."""
+    root = sch.get(sch.get_sblock("root"))
+    temps = {b.name for b in root.alloc_buffers}
+    rf1s, rf2s = set(), set()
+    for idx, blk in enumerate(blocks):
+        b = sch.get(blk)
+        if not is_reduction(sch, blk) or len(b.iter_vars) != 3:
+            continue
+        reads2d = [r.source.name for r in b.reads if len(r.source.shape) == 2]
+        (rf2s if reads2d and all(n in temps for n in reads2d) else rf1s).add(idx)
+    return rf1s, rf2s

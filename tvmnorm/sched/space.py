@@ -18,7 +18,10 @@ space: see design_spaces.) Combinations that cannot work are pruned
 here (more than 1024 threads; several rows per block with multi-warp rows, which would need a
 barrier inside the row-tail predicate) or rejected by VerifyGPUCode.
 
-llvm knobs: vector split of the hidden loop (4..64 lanes) and rows per parallel task.
+llvm knobs: vector lanes (4..32 fp32 lanes, split of the hidden loop, vectorised in every stage),
+vector accumulators per row reduction (1..8: the reductions are rfactored into lanes x
+accumulators, so they are SIMD and not one latency-bound chain), unroll of the output loop, and
+rows per parallel task.
 """
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ TUNED_PARTS = ("fwd", "dx")
 THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ROWS = (1, 2, 4, 8, 16)
 UNROLL = (0, 16, 64, 256)
-CPU_VEC = (4, 8, 16, 32, 64)
-CPU_ROWS = (1, 2, 4, 8, 16, 32)
+CPU_VEC = (4, 8, 16, 32)
+CPU_ACC = (1, 2, 4, 8)
+CPU_UNROLL = (1, 2, 4)
+CPU_ROWS = (1, 4, 16, 64)
 
 
 def cuda_vec_choices(key: NormKey) -> list:
@@ -61,11 +66,29 @@ def cuda_space(key: NormKey, cache: str = "none"):
     return space
 
 
+def llvm_choices(key: NormKey) -> dict:
+    """Knob values for the llvm space. Every combination must divide the row: reduction lanes
+    (vec * acc) because a reduction's predicated tail does not survive reverse_compute_at, and
+    the output step (unroll * vec) so the vectorised loop has no tail. So vec comes from the
+    divisors of H, and acc / unroll from the values that divide H with the largest vec."""
+    h = key.hidden_size
+    vec = [v for v in CPU_VEC if h % v == 0] or [next(v for v in (2, 1) if h % v == 0)]
+    top = max(vec)
+    acc = [a for a in CPU_ACC if h % (a * top) == 0] or [1]
+    unroll = [u for u in CPU_UNROLL if h % (u * top) == 0] or [1]
+    return {"vec": vec, "acc": acc, "unroll": unroll, "rows": list(CPU_ROWS)}
+
+
 def llvm_space(key: NormKey):
+    choices = llvm_choices(key)
+
     def space(sch):
-        vec = _categorical(sch, [v for v in CPU_VEC if v <= max(4, key.hidden_size)])
-        rows = _categorical(sch, CPU_ROWS)
-        schedule_rows_cpu(None, CpuRowConfig(vec=vec, rows=rows), sch=sch)
+        # sampled values go straight into split factors; nothing here branches on them
+        vec = _categorical(sch, choices["vec"])
+        acc = _categorical(sch, choices["acc"])
+        unroll = _categorical(sch, choices["unroll"])
+        rows = _categorical(sch, choices["rows"])
+        schedule_rows_cpu(None, CpuRowConfig(vec=vec, rows=rows, acc=acc, unroll=unroll), sch=sch)
         return sch
     return space
 
