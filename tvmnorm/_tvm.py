@@ -6,11 +6,18 @@ until a kernel is actually compiled.
 """
 from __future__ import annotations
 
-import tvm
-import tvm_ffi
-from tvm import te, tirx  # noqa: F401 - re-exported for compute/ and sched/
-from tvm import s_tir
-from tvm.s_tir import meta_schedule as ms  # noqa: F401 - re-exported for tune/measure
+import os
+
+# TVM's CPU thread pool assumes two hardware threads per core on x86 and uses half of the
+# logical CPUs; on machines without SMT (this VM, many cloud instances) that leaves cores idle:
+# rmsnorm fwd fp32 H=4096 went from 4842 to 3618 us on 2 cores with all of them.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import te, tirx  # noqa: F401,E402 - re-exported for compute/ and sched/
+from tvm import s_tir  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: F401,E402 - re-exported for tune/measure
 
 TVM_VERSION = tvm.__version__
 FFI_VERSION = tvm_ffi.__version__
