@@ -34,7 +34,7 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     if vectors < 32:
         threads = max(4, _pow2_at_least(vectors))
     rows = max(1, min(1024 // threads, 128 // threads)) if threads < 128 else 1
-    return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256, cache="none")
+    return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256)
 
 
 def cpu_row_heuristic(hidden: int) -> CpuRowConfig:

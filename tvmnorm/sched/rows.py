@@ -22,12 +22,8 @@ class CudaRowConfig:
     rows: int = 1             # rows per block (threadIdx.y)
     vec: int = 1              # consecutive elements per thread per step (vector width)
     unroll: int = 256         # pragma_auto_unroll_max_step on the per-thread loop
-    cache: str = "none"       # "shared": stage the row's 2-D inputs in shared memory, read HBM once
-    vload: bool = True        # per-thread register staging, so 2-D loads/stores are `vec` wide
 
     def __post_init__(self):
-        if self.cache not in ("none", "shared"):
-            raise ValueError(f"cache must be 'none' or 'shared', got {self.cache!r}")
         # the design space passes MetaSchedule random variables here; only plain ints are checked
         if isinstance(self.threads, int) and isinstance(self.rows, int) and self.threads * self.rows > 1024:
             raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
@@ -65,19 +61,6 @@ def _inner_loop(sch, blk, depth):
     return sch.fuse(*inner) if len(inner) > 1 else inner[0]
 
 
-def _row_inputs(sch):
-    """Indices (block, read index) of the 2-D global inputs the row stages read, per buffer."""
-    func = sch.mod["main"]
-    params = {p.name: p for p in func.params}
-    found = {}
-    for blk in sch.get_child_blocks(sch.get_sblock("root")):
-        for idx, r in enumerate(sch.get(blk).reads):
-            buf = r.source
-            if buf.name in params and len(buf.shape) == 2 and buf.name not in found:
-                found[buf.name] = (blk, idx)
-    return found
-
-
 def _anchor(sch):
     """The first stage; every later stage of a row kernel depends on it through a chain."""
     return sch.get_child_blocks(sch.get_sblock("root"))[0]
@@ -95,10 +78,11 @@ def _gather_under(sch, anchor, loop):
 
 def _vector_io(sch, blk, outer):
     """Stage a thread's `vec` consecutive elements of each 2-D operand in registers, so the
-    global (or shared) accesses are single vector loads/stores while the fp32 math on them
-    stays scalar."""
+    global accesses are single vector loads/stores while the fp32 math on them stays scalar.
+    (consumer_blocks names only ``blk`` itself: Trace.simplified() drops block RVs that appear
+    nowhere but inside consumer_blocks, and MetaSchedule could then not replay the trace.)"""
     names = [r.source.name for r in sch.get(blk).reads
-             if len(r.source.shape) == 2 and r.source.scope() in ("global", "shared")]
+             if len(r.source.shape) == 2 and r.source.scope() == "global"]
     for name in names:
         idx = [r.source.name for r in sch.get(blk).reads].index(name)
         cache = sch.cache_read(blk, idx, "local", consumer_blocks=[blk])
@@ -121,16 +105,6 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     per-row outputs are done by one thread.
     """
     sch = sch or Schedule(func)
-    root = sch.get_sblock("root")
-    if cfg.cache == "shared":
-        for name, (blk, idx) in _row_inputs(sch).items():
-            readers = [b for b in sch.get_child_blocks(root)
-                       if any(r.source.name == name for r in sch.get(b).reads)]
-            if len(readers) > 1:
-                # read once from HBM, then from shared by every stage. No consumer_blocks: all
-                # readers are redirected anyway, and Trace.simplified() drops RVs that appear
-                # only inside consumer_blocks, which breaks MetaSchedule's replay of the trace.
-                sch.cache_read(blk, idx, "shared")
     anchor = _anchor(sch)
     bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
     sch.bind(bx, "blockIdx.x")
@@ -150,11 +124,9 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
         sch.reorder(tx, outer, v)
         sch.bind(tx, "threadIdx.x")
-        # 2-D copies (the shared staging) move memory only: vectorise them. Stages that do fp32
-        # math stay scalar per element (NVRTC rejects float32x8 arithmetic) and are unrolled.
-        if two_d and not is_reduction(sch, blk) and not is_output(sch, blk):
-            sch.vectorize(v)
-        elif two_d and cfg.vload:
+        # loads and stores are `vec` wide; the fp32 math on them stays scalar per element
+        # (NVRTC rejects float32x8 arithmetic) and is unrolled
+        if two_d:
             _vector_io(sch, blk, outer)
         sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
         sch.annotate(outer, "pragma_unroll_explicit", 1)

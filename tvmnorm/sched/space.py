@@ -13,8 +13,7 @@ tuned at a static row count replays on the symbolic-row kernel.
 CUDA knobs: threads per row (4..1024), rows per block (1..16), vector width (elements per
 thread per access, up to 16 bytes, only widths that divide the row: TE's rule
 hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because predicated tails
-handle the rest), unroll depth. (Staging the row in shared memory is implemented in rows.py but not in the
-space: see design_spaces.) Combinations that cannot work are pruned
+handle the rest), unroll depth. (Staging the row in shared memory was tried: see design_spaces.) Combinations that cannot work are pruned
 here (more than 1024 threads; several rows per block with multi-warp rows, which would need a
 barrier inside the row-tail predicate) or rejected by VerifyGPUCode.
 
@@ -54,14 +53,13 @@ def _categorical(sch, choices):
     return sch.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
 
 
-def cuda_space(key: NormKey, cache: str = "none"):
+def cuda_space(key: NormKey):
     def space(sch):
         threads = _categorical(sch, cuda_thread_choices(key))
         rows = _categorical(sch, ROWS)
         vec = _categorical(sch, cuda_vec_choices(key))
         unroll = _categorical(sch, UNROLL)
-        schedule_rows_cuda(None, CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=unroll,
-                                               cache=cache), sch=sch)
+        schedule_rows_cuda(None, CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=unroll), sch=sch)
         return sch
     return space
 
@@ -97,9 +95,9 @@ def design_spaces(key: NormKey, kind: str) -> list:
     """One space-generating function per structural variant."""
     if kind == "llvm":
         return [llvm_space(key)]
-    # A second variant staging the row in shared memory (x read from HBM once) was tried: its
-    # traces do not replay on the symbolic-row kernel (the staging loop's extent then depends on
-    # the row count and cannot be vectorised), so it is left out until that is solved.
+    # A second variant staging the row in shared memory (x read from HBM once) was tried and
+    # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
+    # then depends on the row count and cannot be vectorised).
     return [cuda_space(key)]
 
 
