@@ -79,18 +79,13 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
     from ._tvm import IRModule, ms, target
-    from .compute.norms import parts_of
     from .measure import InProcessBuilder, InProcessRunner
-    from .sched.space import TUNED_PARTS, space_fn
+    from .sched.space import space_fn
     tgt = target(target_spec(kind))
-    funcs, spaces, owner = {}, {}, {}
-    for key in keys:
-        for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
-            task = f"{key.name}_{part}"
-            funcs[task] = tuning_func(key, part, rows)
-            spaces[task] = ms.space_generator.ScheduleFn(space_fn(key, kind), sch_rules=[],
-                                                         postprocs=_postprocs(kind), mutator_probs={})
-            owner[task] = (key, part)
+    funcs, owner = _tasks(keys, rows)
+    spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
+                                                  postprocs=_postprocs(kind), mutator_probs={})
+              for task in funcs}
     work = logs / target_name(kind)
     work.mkdir(parents=True, exist_ok=True)
     db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
@@ -98,19 +93,58 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed
                      space="post-order-apply", special_space=spaces,
                      builder=InProcessBuilder(kind, workers=workers), runner=InProcessRunner(kind),
                      cost_model="xgb", strategy="evolutionary", seed=seed, num_tuning_cores=1)
-    records = {}
+    return _best_records(db, funcs, owner, tgt, trials, rows)
+
+
+def _best_records(db, funcs, owner, tgt, trials, rows, need=0) -> dict:
+    """packed key -> record from the database's best measured candidate per task. With ``need``,
+    only keys whose every task has at least that many measured candidates are returned."""
+    from ._tvm import IRModule
+    records, short = {}, set()
     for task, func in funcs.items():
         key, part = owner[task]
-        rec = db.query_tuning_record(IRModule({"main": func}), tgt, workload_name="main")
+        mod = IRModule({"main": func})
+        if need and (not db.has_workload(mod) or len(db.get_top_k(db.commit_workload(mod), need)) < need):
+            short.add(key.pack())
+            continue
+        rec = db.query_tuning_record(mod, tgt, workload_name="main")
         if rec is None or not rec.run_secs:
-            print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
+            if not need:
+                print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
+            short.add(key.pack())
             continue
         r = records.setdefault(key.pack(), {"key": key.name, "describe": key.describe(), "rows": rows,
                                             "trials": trials, "parts": {}, "run_us": {}})
         r["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
                                                  default=lambda o: o.value))
         r["run_us"][part] = 1e6 * min(float(x) for x in rec.run_secs)
+    if need:  # recovery is all or nothing per key
+        records = {k: v for k, v in records.items() if k not in short}
     return records
+
+
+def _tasks(keys, rows):
+    """task name -> static-row PrimFunc, and task name -> (key, part), for the tuned parts."""
+    from .compute.norms import parts_of
+    from .sched.space import TUNED_PARTS
+    funcs, owner = {}, {}
+    for key in keys:
+        for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
+            task = f"{key.name}_{part}"
+            funcs[task], owner[task] = tuning_func(key, part, rows), (key, part)
+    return funcs, owner
+
+
+def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int) -> dict:
+    """Records for keys an interrupted run finished measuring but never wrote to schedules/:
+    every task of the key has ``trials`` candidates in the database."""
+    from ._tvm import ms, target
+    work = logs / target_name(kind)
+    if not (work / "database_tuning_record.json").exists():
+        return {}
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    funcs, owner = _tasks(keys, rows)
+    return _best_records(db, funcs, owner, target(target_spec(kind)), trials, rows, need=trials)
 
 
 def tune_main(args, keys) -> None:
@@ -119,6 +153,12 @@ def tune_main(args, keys) -> None:
     rows = args.rows or TUNE_ROWS[kind]
     records = load_records(kind, args.schedules)
     todo = [k for k in keys if records.get(k.pack(), {}).get("trials", 0) < args.trials]
+    recovered = recover_records(todo, kind, args.trials, logs, rows) if todo else {}
+    if recovered:
+        records.update(recovered)
+        save_records(kind, records, args.schedules)
+        todo = [k for k in todo if k.pack() not in recovered]
+        print(f"recovered {len(recovered)} keys measured by an interrupted run from {logs}", file=sys.stderr)
     print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
           f"tuned), {args.trials} trials each, rows={rows}", file=sys.stderr)
     t0 = time.time()
