@@ -168,25 +168,54 @@ def correctness(out, log):
     return fail == 0 and same
 
 
+def check_library(log, dev):
+    """Every tuned key of the loaded library (TVMNORM_LIBRARY) at awkward and training row
+    counts: the check a tuned record must pass before it goes into schedules/."""
+    from tvmnorm.runtime import REGISTRY
+    lib = REGISTRY.library("cuda" if dev == "cuda" else "llvm")
+    if lib is None:
+        log("no tuned library loaded (set TVMNORM_LIBRARY)")
+        return False
+    ok = fail = 0
+    for packed, entry in sorted(lib.kernels.items()):
+        if entry["origin"] != "tuned":
+            continue
+        for rows in (1, 257, 4097, 16384):
+            try:
+                good = check_key(NormKey.unpack(packed), rows, dev, log)
+            except Exception as e:  # noqa: BLE001 - record and go on
+                log(f"{entry['name']} rows={rows} ERROR {type(e).__name__}: {str(e)[-400:]}")
+                good = False
+            ok += good
+            fail += not good
+    log(f"SUMMARY (tuned library {lib.path}): {ok} ok, {fail} failed")
+    return fail == 0 and ok > 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
+    ap.add_argument("--tuned", action="store_true",
+                    help="check every tuned key of the library in TVMNORM_LIBRARY instead of the default grid")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     warnings.simplefilter("ignore", tvmnorm.FallbackWarning)
-    f = open(out / "h200-correctness.txt", "w")
+    f = open(out / ("h200-tuned-correctness.txt" if args.tuned else "h200-correctness.txt"), "w")
 
     def log(s):
         print(s, flush=True)
         f.write(s + "\n")
         f.flush()
     import tvm, tvm_ffi
-    log(f"# device: {torch.cuda.get_device_name()}  torch {torch.__version__}  tvm {tvm.__version__}  "
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    log(f"# device: {name}  torch {torch.__version__}  tvm {tvm.__version__}  "
         f"tvm-ffi {tvm_ffi.__version__}  cuda {torch.version.cuda}")
-    log(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  default-schedule kernels (JIT, NVRTC) vs float64 torch")
+    what = "tuned library kernels" if args.tuned else "default-schedule kernels (JIT, NVRTC)"
+    log(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {what} vs float64 torch")
     t0 = time.time()
-    good = correctness(out, log)
+    good = check_library(log, args.device) if args.tuned else correctness(out, log)
     log(f"# took {time.time() - t0:.0f} s")
     return 0 if good else 1
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Tune the catalog on the H200, verify every tuned record against float64, then benchmark.
+# Runs as the second call of a lease (after .device/a/stage.sh), e.g.
+#   source .device/b/activate.sh && OUT=$OUT bash bench/h200_tune.sh
+# One call is limited to 10 minutes: the tuning state lives in /tmp/tvmnorm-tune on the device
+# (kept while the machine is warm), records are saved after every batch, and a rerun resumes, so
+# the same command can be issued again until it reports all keys tuned. Copy
+# $OUT/tuning.tgz back into the repository (schedules/ only after h200-tuned-correctness.txt
+# passes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tvmnorm-out}
+STATE=${STATE:-/tmp/tvmnorm-tune}
+mkdir -p "$OUT" "$STATE"
+export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
+timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune --target cuda --shapes "${SHAPES:-all}" --stages fwd,bwd \
+  --norms rmsnorm,layernorm --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 $FP8} --trials "${TRIALS:-32}" \
+  --batch "${BATCH:-16}" --logs "$STATE/tuning_logs" --schedules "$STATE/schedules" --out "$STATE/lib" \
+  2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tail -20 | tee "$OUT/tune.log"
+(cd "$STATE" && tar czf "$OUT/tuning.tgz" schedules tuning_logs 2>/dev/null)
+if [ -f "$STATE/lib/manifest.json" ]; then
+  TVMNORM_LIBRARY="$STATE/lib" timeout "${CHECK_SECONDS:-120}" python bench/gpu_check.py --tuned --out "$OUT" | tail -5
+  if [ -n "${BENCH:-}" ]; then
+    TVMNORM_LIBRARY="$STATE/lib" timeout "${BENCH_SECONDS:-300}" python -m tvmnorm.bench --target cuda \
+      --ops rmsnorm_fwd,rmsnorm_bwd,layernorm_fwd,layernorm_bwd --dtypes "${DTYPES:-bf16}" --shapes "${SHAPES:-all}" \
+      --rows train --impls tvmnorm_tuned,tvmnorm_default,torch_eager,liger --out "$OUT" --name h200-tuned --no-plots
+  fi
+fi
