@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .key import NormKey
+from .key import DTYPE_BYTES, NormKey
 from .targets import arch_of, target_spec
 
 MANIFEST = "manifest.json"
@@ -52,7 +52,6 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict
     from . import compute
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
-    from .key import DTYPE_BYTES
     out = {}
     for part, func in compute.kernel_funcs(key).items():
         trace = (record or {}).get("parts", {}).get(part)
