@@ -2,9 +2,10 @@
 
 tuning_logs/<target-arch>/ holds the raw MetaSchedule database (workload + tuning records, JSON,
 appended as candidates are measured). After each batch of keys the best record's trace per key is
-written to schedules/<target-arch>.json (committed data), atomically, so an interrupted run
-loses at most one batch of search and a rerun skips keys that are done. Builds and measurements happen in this process: the
-default LocalBuilder/LocalRunner start worker processes that spend 45-90 s importing TVM.
+written to schedules/<target-arch>.json (committed data), atomically. A rerun skips keys that are
+done and recovers from the database the keys an interrupted run had finished measuring.
+Candidates are compiled in forked workers and timed in this process (measure.py): MetaSchedule's
+default LocalBuilder/LocalRunner start fresh Pythons that spend 45-90 s importing TVM.
 """
 from __future__ import annotations
 
