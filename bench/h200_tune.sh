@@ -13,10 +13,10 @@ OUT=${OUT:-/tmp/tvmnorm-out}
 STATE=${STATE:-/tmp/tvmnorm-tune}
 mkdir -p "$OUT" "$STATE"
 export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
-timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune --target cuda --shapes "${SHAPES:-all}" --stages fwd,bwd \
-  --norms rmsnorm,layernorm --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 $FP8} --trials "${TRIALS:-32}" \
+timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune --target cuda --shapes "${SHAPES:-all}" --stages "${STAGES:-fwd,bwd}" \
+  --norms "${NORMS:-rmsnorm,layernorm}" --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 $FP8} --trials "${TRIALS:-32}" \
   --batch "${BATCH:-16}" --logs "$STATE/tuning_logs" --schedules "$STATE/schedules" --out "$STATE/lib" \
-  2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tail -20 | tee "$OUT/tune.log"
+  2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' | tail -40 | tee "$OUT/tune.log"
 (cd "$STATE" && tar czf "$OUT/tuning.tgz" schedules tuning_logs 2>/dev/null)
 if [ -f "$STATE/lib/manifest.json" ]; then
   TVMNORM_LIBRARY="$STATE/lib" timeout "${CHECK_SECONDS:-120}" python bench/gpu_check.py --tuned --out "$OUT" | tail -5

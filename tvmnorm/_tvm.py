@@ -6,6 +6,7 @@ until a kernel is actually compiled.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 # TVM's CPU thread pool assumes two hardware threads per core on x86 and uses half of the
@@ -78,6 +79,29 @@ def cuda_device_arch(device_id: int = 0) -> str | None:
         return None
     major, minor = tvm.cuda(device_id).compute_version.split(".")
     return f"sm_{major}{minor}"
+
+
+@contextlib.contextmanager
+def cuda_source_only():
+    """Compile CUDA targets without compiling their kernels to a binary.
+
+    ``tvm.compile`` hands every CUDA module to ``tvm_callback_cuda_compile`` (NVRTC, ~2 s a
+    module), and NVRTC asks the CUDA runtime for the device when no target is in scope: in a
+    process forked from one that has initialised CUDA (the tuning builders) that call fails
+    with cudaErrorInitializationError. The cuda_host export only reads the source back and
+    nvcc compiles it, so the callback returns a placeholder instead. Restored on exit."""
+    name = "tvm_callback_cuda_compile"
+    import tvm.support.nvcc  # noqa: F401 - registers the callback; importing it later would undo ours
+    original = tvm_ffi.get_global_func(name, allow_missing=True)
+    if original is None:  # a TVM without the CUDA runtime keeps the source and never calls it
+        yield
+        return
+    tvm_ffi.register_global_func(name, lambda *_: "// source only: compiled by nvcc from the export",
+                                 override=True)
+    try:
+        yield
+    finally:
+        tvm_ffi.register_global_func(name, original, override=True)
 
 
 def export_cuda_host(mod) -> str:

@@ -62,6 +62,7 @@ class InProcessBuilder(ms.builder.PyBuilder):
         self.kind, self.arch = kind, arch
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._pool = None
+        self.errors = []  # the first few build errors, for a caller that finds nothing worked
 
     def _executor(self):
         if self._pool is None:
@@ -77,6 +78,7 @@ class InProcessBuilder(ms.builder.PyBuilder):
             done = [_build_in_worker(p) for p in payloads]
         else:
             done = list(self._executor().map(_build_in_worker, payloads))
+        self.errors += [err for _, err in done if err][:max(0, 3 - len(self.errors))]
         return [ms.builder.BuilderResult(path, err) for path, err in done]
 
 
@@ -93,16 +95,29 @@ class _Done(ms.runner.PyRunnerFuture):
         return self._result
 
 
-def _random(info, dev):
-    shape = [int(s) for s in info.shape]
-    dtype = str(info.dtype)
+TORCH_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
+               "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+
+
+def _random(shape, dtype: str, kind: str):
+    """Random normal data of one argument. On CUDA it is made on the GPU with torch when torch
+    is there: numpy needs about a second per 100M elements, the GPU a millisecond."""
+    if kind == "cuda":
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None and torch.cuda.is_available():
+            t = torch.randn(shape, device="cuda", dtype=torch.float32).to(getattr(torch, TORCH_DTYPE[dtype]))
+            return tvm.runtime.from_dlpack(t), t  # keep the torch tensor alive with the view
     host = np.random.default_rng().standard_normal(shape).astype("float32")
     if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         import ml_dtypes
         host = host.astype(getattr(ml_dtypes, dtype))
     else:
         host = host.astype(dtype)
-    return tvm.runtime.tensor(host, dev)
+    dev = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
+    return tvm.runtime.tensor(host, dev), host
 
 
 @_derived
@@ -110,6 +125,17 @@ class InProcessRunner(ms.runner.PyRunner):
     def __init__(self, kind: str, number: int = 5, repeat: int = 3, min_repeat_ms: int = 20):
         super().__init__()
         self.kind, self.number, self.repeat, self.min_repeat_ms = kind, number, repeat, min_repeat_ms
+        # (position, shape, dtype) -> random argument, shared by the candidates of a tuning
+        # session: every candidate of a task sees the same data, and none pays for making it
+        # (the position keeps an input and an output of one shape apart: no aliasing)
+        self._args = {}
+        self.measured, self.errors = 0, []
+
+    def _arg(self, pos, info):
+        sig = (pos, tuple(int(s) for s in info.shape), str(info.dtype))
+        if sig not in self._args:
+            self._args[sig] = _random(sig[1], sig[2], self.kind)
+        return self._args[sig][0]
 
     def run(self, runner_inputs):
         dev = tvm.cuda(0) if self.kind == "cuda" else tvm.cpu(0)
@@ -119,11 +145,15 @@ class InProcessRunner(ms.runner.PyRunner):
                 if inp.artifact_path is None:
                     raise RuntimeError("build failed")
                 mod = load_module(inp.artifact_path)
-                args = [_random(info, dev) for info in inp.args_info]
+                args = [self._arg(i, info) for i, info in enumerate(inp.args_info)]
                 timer = mod.time_evaluator("main", dev, number=self.number, repeat=self.repeat,
                                            min_repeat_ms=self.min_repeat_ms)
                 secs = list(timer(*args).results)
+                self.measured += 1
                 futures.append(_Done(ms.runner.RunnerResult(secs, None)))
             except Exception as e:  # noqa: BLE001
-                futures.append(_Done(ms.runner.RunnerResult(None, f"{type(e).__name__}: {str(e)[-1000:]}")))
+                err = f"{type(e).__name__}: {str(e)[-1000:]}"
+                if len(self.errors) < 3 and inp.artifact_path is not None:
+                    self.errors.append(err)
+                futures.append(_Done(ms.runner.RunnerResult(None, err)))
         return futures

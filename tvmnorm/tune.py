@@ -21,6 +21,21 @@ from .targets import target_name, target_spec
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TUNE_ROWS = {"cuda": 16384, "llvm": 1024}
+# On the GPU the tuned row count must give inputs far larger than the 60 MB L2 of an H100/H200,
+# or the search optimises for cache-resident data: 16384 rows of hidden 128 are 4 MB.
+CUDA_TUNE_BYTES = 256 << 20
+
+
+def tune_rows(key: NormKey, kind: str, override: int | None = None) -> int:
+    """The static row count a key is tuned at. Any works for the kernel (its rows are
+    symbolic); it only decides what the measurements see."""
+    if override:
+        return override
+    if kind != "cuda":
+        return TUNE_ROWS[kind]
+    from .key import DTYPE_BYTES
+    need = -(-CUDA_TUNE_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype]))
+    return max(TUNE_ROWS[kind], -(-need // 1024) * 1024)
 
 
 def schedules_path(kind: str, root=None) -> pathlib.Path:
@@ -75,7 +90,7 @@ def _postprocs(kind):
     return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
 
 
-def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed: int = 1,
+def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
                workers: int | None = None) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
@@ -83,27 +98,79 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed
     from .measure import InProcessBuilder, InProcessRunner
     from .sched.space import space_fn
     tgt = target(target_spec(kind))
-    funcs, owner = _tasks(keys, rows)
+    funcs, owner = _tasks(keys, kind, rows)
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
     work = logs / target_name(kind)
     work.mkdir(parents=True, exist_ok=True)
+    builder, runner = InProcessBuilder(kind, workers=workers), InProcessRunner(kind)
     db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
                      max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
-                     space="post-order-apply", special_space=spaces,
-                     builder=InProcessBuilder(kind, workers=workers), runner=InProcessRunner(kind),
-                     cost_model="xgb", strategy="evolutionary", seed=seed, num_tuning_cores=1)
-    return _best_records(db, funcs, owner, tgt, trials, rows)
+                     space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
+                     cost_model="xgb", strategy=_search(), seed=seed, num_tuning_cores=_search_cores(kind))
+    if not runner.measured:
+        # every candidate of every task failed: a broken toolchain or device, not a bad space;
+        # going on would spend the whole budget (one GPU lease) learning nothing
+        raise TuningBroken(f"no candidate of {len(funcs)} tasks could be built and timed; first errors:\n"
+                           + "\n".join((builder.errors + runner.errors)[:3]))
+    return _best_records(db, funcs, owner, tgt, trials)
 
 
-def _best_records(db, funcs, owner, tgt, trials, rows, need=0) -> dict:
+class TuningBroken(RuntimeError):
+    pass
+
+
+def preflight(key: NormKey, kind: str, rows: int | None) -> float:
+    """Build and time one key's default schedule through the tuning builder and runner, before
+    any search: a toolchain or device problem then costs seconds, not a batch. Returns the
+    measured microseconds."""
+    from ._tvm import IRModule, ms, target
+    from .key import DTYPE_BYTES
+    from .measure import InProcessBuilder, InProcessRunner
+    from .sched.default import default_schedule
+    from .sched.space import TUNED_PARTS
+    from .compute.norms import parts_of
+    part = next(p for p in parts_of(key) if p in TUNED_PARTS)
+    func = tuning_func(key, part, tune_rows(key, kind, rows))
+    mod = default_schedule(func, part, kind, DTYPE_BYTES[key.itype]).mod
+    tgt = target(target_spec(kind))
+    (built,) = InProcessBuilder(kind, workers=1).build([ms.builder.BuilderInput(mod, tgt)])
+    if built.error_msg:
+        raise TuningBroken(f"preflight build of {key.name} {part} failed:\n{built.error_msg}")
+    info = ms.arg_info.ArgInfo.from_prim_func(func)
+    (fut,) = InProcessRunner(kind).run([ms.runner.RunnerInput(built.artifact_path, kind, info)])
+    res = fut.result()
+    if res.error_msg:
+        raise TuningBroken(f"preflight run of {key.name} {part} failed:\n{res.error_msg}")
+    return 1e6 * min(float(x) for x in res.run_secs)
+
+
+def _search():
+    """Evolutionary search sized to this space. The space has a few hundred points and only
+    categorical decisions, which MetaSchedule has no mutator for, so each round draws a fresh
+    population, the XGBoost model ranks it, and the best unmeasured (plus an epsilon-greedy share
+    of random ones) are measured. The default population (512, four genetic rounds) spent ~17 s
+    of feature extraction per task and round on the H200 host for no better picks."""
+    from ._tvm import ms
+    return ms.search_strategy.EvolutionarySearch(population_size=256, init_measured_ratio=0.0,
+                                                 init_min_unmeasured=64, genetic_num_iters=1,
+                                                 eps_greedy=0.1)
+
+
+def _search_cores(kind: str) -> int:
+    # On CUDA candidates are timed on the GPU, so the search may use every core; on the CPU the
+    # search and the measured kernels would share them
+    return max(1, os.cpu_count() or 1) if kind == "cuda" else 1
+
+
+def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     """packed key -> record from the database's best measured candidate per task. With ``need``,
     only keys whose every task has at least that many measured candidates are returned."""
     from ._tvm import IRModule
     records, short = {}, set()
     for task, func in funcs.items():
-        key, part = owner[task]
+        key, part, rows = owner[task]
         mod = IRModule({"main": func})
         if need and (not db.has_workload(mod) or len(db.get_top_k(db.commit_workload(mod), need)) < need):
             short.add(key.pack())
@@ -124,19 +191,20 @@ def _best_records(db, funcs, owner, tgt, trials, rows, need=0) -> dict:
     return records
 
 
-def _tasks(keys, rows):
-    """task name -> static-row PrimFunc, and task name -> (key, part), for the tuned parts."""
+def _tasks(keys, kind, rows):
+    """task name -> static-row PrimFunc, and task name -> (key, part, rows), for the tuned parts."""
     from .compute.norms import parts_of
     from .sched.space import TUNED_PARTS
     funcs, owner = {}, {}
     for key in keys:
         for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
             task = f"{key.name}_{part}"
-            funcs[task], owner[task] = tuning_func(key, part, rows), (key, part)
+            n = tune_rows(key, kind, rows)
+            funcs[task], owner[task] = tuning_func(key, part, n), (key, part, n)
     return funcs, owner
 
 
-def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int) -> dict:
+def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None) -> dict:
     """Records for keys an interrupted run finished measuring but never wrote to schedules/:
     every task of the key has ``trials`` candidates in the database."""
     from ._tvm import ms, target
@@ -144,14 +212,14 @@ def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int)
     if not (work / "database_tuning_record.json").exists():
         return {}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    funcs, owner = _tasks(keys, rows)
-    return _best_records(db, funcs, owner, target(target_spec(kind)), trials, rows, need=trials)
+    funcs, owner = _tasks(keys, kind, rows)
+    return _best_records(db, funcs, owner, target(target_spec(kind)), trials, need=trials)
 
 
 def tune_main(args, keys) -> None:
     kind = args.target
     logs = pathlib.Path(args.logs)
-    rows = args.rows or TUNE_ROWS[kind]
+    rows = args.rows  # None: tune_rows per key
     records = load_records(kind, args.schedules)
     todo = [k for k in keys if records.get(k.pack(), {}).get("trials", 0) < args.trials]
     recovered = recover_records(todo, kind, args.trials, logs, rows) if todo else {}
@@ -161,7 +229,14 @@ def tune_main(args, keys) -> None:
         todo = [k for k in todo if k.pack() not in recovered]
         print(f"recovered {len(recovered)} keys measured by an interrupted run from {logs}", file=sys.stderr)
     print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
-          f"tuned), {args.trials} trials each, rows={rows}", file=sys.stderr)
+          f"tuned), {args.trials} trials each, rows={rows or 'per key'}", file=sys.stderr)
+    if todo:
+        try:
+            us = preflight(todo[0], kind, args.rows)
+        except TuningBroken as e:
+            print(f"stopping: {e}", file=sys.stderr)
+            raise SystemExit(2)
+        print(f"preflight: {todo[0].name} default schedule {us:.1f} us", file=sys.stderr)
     t0 = time.time()
     batch = max(1, args.batch)
     for i in range(0, len(todo), batch):
@@ -169,6 +244,9 @@ def tune_main(args, keys) -> None:
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
             found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers)
+        except TuningBroken as e:
+            print(f"\nstopping: {e}", file=sys.stderr)
+            raise SystemExit(2)
         except Exception as e:  # noqa: BLE001 - one batch's failure must not lose the others
             print(f"\ntuning {[k.name for k in group]} failed: {e}", file=sys.stderr)
             continue
