@@ -96,7 +96,7 @@ def cuda_source_only():
     if original is None:  # a TVM without the CUDA runtime keeps the source and never calls it
         yield
         return
-    tvm_ffi.register_global_func(name, lambda *_: "// source only: compiled by nvcc from the export",
+    tvm_ffi.register_global_func(name, lambda *_: b"// source only: compiled by nvcc from the export",
                                  override=True)
     try:
         yield
