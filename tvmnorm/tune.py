@@ -48,11 +48,11 @@ def save_records(kind: str, records: dict, root=None) -> None:
     os.replace(tmp, path)
 
 
-def tuning_func(key: NormKey, part: str, rows: int):
+def tuning_func(key: NormKey, part: str, rows: int, kind: str):
     """The static-row PrimFunc MetaSchedule measures (eps bound to a constant: the measuring
     harness only fills tensor arguments)."""
     from . import compute
-    func = compute.kernel_funcs(key, rows=rows)[part]
+    func = compute.kernel_funcs(key, kind, rows=rows)[part]
     eps = [p for p in func.params if p.name == "eps"]
     if eps:
         func = func.specialize({eps[0]: 1e-6})

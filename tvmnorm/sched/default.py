@@ -37,32 +37,19 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256)
 
 
-def cpu_row_heuristic(hidden: int) -> CpuRowConfig:
+def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
     """16 fp32 lanes (one AVX-512 register; two AVX2 ones) when they divide the row, 4 vector
     accumulators per row reduction (enough independent adds to cover the FP add latency), and
     rows per task so that a task covers ~16K elements. Reduction lanes (vec * acc) must divide
     the row: a reduction's predicated tail does not survive moving it under the row loop, so
-    odd rows get fewer lanes (down to a serial reduction, still correct)."""
+    odd rows get fewer lanes (down to a serial reduction, still correct). In the fused dx
+    kernel a task is ``rows`` chunks of T rows, and one chunk already covers >= 16K elements
+    (see rows_per_partial), so a task is one chunk."""
     vec = next(v for v in (16, 8, 4, 2, 1) if hidden % v == 0)
     acc = next(a for a in (4, 2, 1) if hidden % (vec * a) == 0)
     unroll = 2 if hidden % (2 * vec) == 0 else 1
-    return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=max(1, 16384 // max(hidden, 1)))
-
-
-def _cuda_wgrad(func):
-    """One thread per (partial row, column), coalesced over columns, rows walked serially with
-    the running sums (dgamma, and dbeta for LayerNorm) in registers, written to global once."""
-    sch = Schedule(func)
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    s, q, j, t = sch.get_loops(blk)
-    jo, ji = sch.split(j, [None, 128])
-    sch.reorder(q, jo, ji, t, s)
-    sch.bind(q, "blockIdx.y")
-    sch.bind(jo, "blockIdx.x")
-    sch.bind(ji, "threadIdx.x")
-    sch.unroll(s)
-    sch.reverse_compute_at(sch.cache_write(blk, 0, "local"), ji)
-    return sch
+    rows = 1 if fused else max(1, 16384 // max(hidden, 1))
+    return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=rows)
 
 
 def _cuda_finalize(func):
@@ -88,17 +75,6 @@ def _cuda_amax(func):
     return sch
 
 
-def _cpu_wgrad(func):
-    sch = Schedule(func)
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    s, q, j, t = sch.get_loops(blk)
-    sch.reorder(q, t, s, j)  # walk rows outermost so the inner loop is contiguous in memory
-    sch.parallel(q)
-    _, v = sch.split(j, [None, 16])
-    sch.vectorize(v)
-    return sch
-
-
 def _cpu_finalize(func):
     sch = Schedule(func)
     for acc in sch.get_child_blocks(sch.get_sblock("root"))[0::2]:
@@ -117,10 +93,10 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
     if target_kind == "cuda":
         if part in ROW_PARTS:
             return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
-        return {"wgrad": _cuda_wgrad, "finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
+        return {"finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
-        return schedule_rows_cpu(func, cpu_row_heuristic(hidden))
-    return {"wgrad": _cpu_wgrad, "finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)
+        return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
+    return {"finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):
