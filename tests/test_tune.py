@@ -38,8 +38,8 @@ def test_design_space_replays_on_symbolic_rows(key, kind):
     """Every structural variant of the space, with the decisions it sampled, replays from its
     (simplified, as MetaSchedule stores it) trace onto the symbolic-row kernel, and compiles."""
     from tvmnorm._tvm import Schedule
-    for part in [p for p in kernel_funcs(key) if p in TUNED_PARTS]:
-        spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048)))
+    for part in [p for p in kernel_funcs(key, kind) if p in TUNED_PARTS]:
+        spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048, kind)))
         assert len(spaces) == len(design_spaces(key, kind)) >= 1
         for sch in spaces:
             trace = sch.trace.simplified(remove_postproc=True)
@@ -143,7 +143,7 @@ def test_candidates_build_in_forked_workers(kind):
     tgt = target(target_spec(kind))
     inputs = []
     for _ in range(2):
-        (sch,) = space_fn(key, kind)(Schedule(tuning_func(key, "fwd", 512)))
+        (sch,) = space_fn(key, kind)(Schedule(tuning_func(key, "fwd", 512, kind)))
         inputs.append(ms.builder.BuilderInput(IRModule({"main": sch.mod["main"]}), tgt))
     results = InProcessBuilder(kind, workers=2).build(inputs)
     for res in results:

@@ -83,7 +83,7 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int, seed
     from .measure import InProcessBuilder, InProcessRunner
     from .sched.space import space_fn
     tgt = target(target_spec(kind))
-    funcs, owner = _tasks(keys, rows)
+    funcs, owner = _tasks(keys, rows, kind)
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
@@ -124,7 +124,7 @@ def _best_records(db, funcs, owner, tgt, trials, rows, need=0) -> dict:
     return records
 
 
-def _tasks(keys, rows):
+def _tasks(keys, rows, kind):
     """task name -> static-row PrimFunc, and task name -> (key, part), for the tuned parts."""
     from .compute.norms import parts_of
     from .sched.space import TUNED_PARTS
@@ -132,7 +132,7 @@ def _tasks(keys, rows):
     for key in keys:
         for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
             task = f"{key.name}_{part}"
-            funcs[task], owner[task] = tuning_func(key, part, rows), (key, part)
+            funcs[task], owner[task] = tuning_func(key, part, rows, kind), (key, part)
     return funcs, owner
 
 
@@ -144,7 +144,7 @@ def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int)
     if not (work / "database_tuning_record.json").exists():
         return {}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    funcs, owner = _tasks(keys, rows)
+    funcs, owner = _tasks(keys, rows, kind)
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials, rows, need=trials)
 
 

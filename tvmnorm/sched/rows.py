@@ -191,23 +191,30 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
 
 
 def _cuda_partials(sch, part, cfg: CudaRowConfig):
-    """The partial sums of a chunk: each thread owns the same ``vec``-element pieces of the row
-    as in the dx stages (threads x vec split of the hidden axis, so the accesses are coalesced)
-    and adds the row's terms to them right after the dx stages read the same elements (L1
-    hits). The running sums stay in the partial row in global memory (L1/L2-resident: a
-    chunk's row is S*H*4 bytes, rewritten every row), initialised at the chunk's first row.
+    """The partial sums of a chunk, updated row by row inside the chunk's row loop, right after
+    the dx stages read the same row (so the re-read of dy and x hits L1), and initialised at
+    the chunk's first row. The running sums stay in the partial row in global memory (S*H*4
+    bytes per chunk, L1/L2-resident while the chunk runs); DRAM sees them written once.
+
+    Each thread of the row updates ``pv`` consecutive fp32 columns per step (pv = 4, or 2 / 1
+    when the row is not a multiple: a property of the key, not a knob), so a warp's
+    read-modify-write of the partial row is contiguous 16-byte accesses. (With the dx stages'
+    ``vec`` mapping, up to 8 fp32 per thread, each warp access would be strided 32 bytes
+    apart: 8x the L1 wavefronts for the same bytes.)
 
     Why not registers: the sums live across the chunk's row loop, so their buffer is allocated
-    at the chunk lane, above the hidden loops bound to threadIdx.x inside the row loop, and
-    CompactBufferAllocation relaxes loops below an allocation, thread-bound ones included: the
-    per-thread buffer becomes the whole row (S*H floats, local memory). Remapping its layout
-    (transform_layout) needs one index dtype, and int64 hidden loops then break the compaction
-    of the whole kernel. No thread reads another thread's sums, so no barrier or cross-thread
-    reduction is needed either way."""
-    s_, j = [lp for lp in sch.get_loops(part)[3:] if not _extent_is(sch, lp, 1)]
-    outer, tx, v = sch.split(j, [None, cfg.threads, cfg.vec])
+    at the chunk lane, above the hidden loops bound to threadIdx.x (one per stage, inside the
+    row loop; reorder cannot hoist a thread loop above a loop that holds several blocks), and
+    CompactBufferAllocation relaxes every loop below an allocation, thread-bound ones
+    included: the per-thread buffer came out as the whole row (S*H floats of local memory).
+    No thread reads another thread's sums, so no barrier or cross-thread reduction is needed."""
+    hidden = int(sch.get(sch.get_loops(part)[-1]).extent)
+    pv = next(w for w in (4, 2, 1) if hidden % w == 0)
+    s_, j = sch.get_loops(part)[3:]
+    outer, tx, v = sch.split(j, [None, cfg.threads, pv])
     sch.reorder(tx, outer, s_, v)
     sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
     sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
     sch.annotate(outer, "pragma_unroll_explicit", 1)
 
