@@ -223,8 +223,9 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
     Q = tirx.floordiv(N + (T - 1), T) if isinstance(N, tirx.Var) else -(-N // T)
-    # int64 like the row loop it is merged with
-    t = te.reduce_axis((0, tirx.const(T, "int64")), name="t")
+    # the dtype of the row loop it is merged with: int64 for the symbolic n, int32 for a static
+    # count (tuning), or the merged loops mix index types
+    t = te.reduce_axis((0, tirx.const(T, "int64" if isinstance(N, tirx.Var) else "int32")), name="t")
     zero = tirx.const(0.0, c)
 
     def term(s_, i, j):
