@@ -207,7 +207,11 @@ def _cuda_partials(sch, part, cfg: CudaRowConfig):
     row loop; reorder cannot hoist a thread loop above a loop that holds several blocks), and
     CompactBufferAllocation relaxes every loop below an allocation, thread-bound ones
     included: the per-thread buffer came out as the whole row (S*H floats of local memory).
-    No thread reads another thread's sums, so no barrier or cross-thread reduction is needed."""
+    A shared-memory accumulator (cache_write to "shared") was tried too: ThreadSync cannot see
+    that each thread only touches its own elements and put a __syncthreads between every pair
+    of accesses (LayerNorm 4096: 37 barriers per row), and refused ("Cannot insert syncs inside
+    condition") with several chunk lanes per block or a ragged row. No thread reads another
+    thread's sums, so no barrier or cross-thread reduction is needed here."""
     hidden = int(sch.get(sch.get_loops(part)[-1]).extent)
     pv = next(w for w in (4, 2, 1) if hidden % w == 0)
     s_, j = sch.get_loops(part)[3:]
