@@ -82,7 +82,7 @@ def test_cuda_fp8_output(cuda_kernels, norm, otype, hidden, rows, rng, seed):
 
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 @pytest.mark.parametrize("norm", NORMS)
-def test_cuda_wgrad_bitwise_reproducible(cuda_kernels, norm, stage, rng, seed):
+def test_cuda_dgamma_bitwise_reproducible(cuda_kernels, norm, stage, rng, seed):
     key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=7168)
     rows = 4097
     inputs = make_inputs(key, rows, rng, device="cuda")
@@ -118,3 +118,17 @@ def test_cuda_large_hidden(cuda_kernels, stage, norm, rng, seed):
 def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
     key = NormKey(stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=128)
     run_and_check(cuda_kernels, key, 2_000_003, rng, seed)
+
+
+@pytest.mark.parametrize("rows", ("T-1", "T", "T+1", 16384))
+@pytest.mark.parametrize("hidden", (128, 1000, 4095, 7168))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+def test_cuda_fused_bwd_chunk_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
+    """The one-pass bwd kernel where the last chunk of T rows (rows_per_partial, cuda) is
+    partial, full, or a single row, and at the training token count."""
+    from tvmnorm.compute.norms import rows_per_partial
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    t = rows_per_partial(key, "cuda")
+    run_and_check(cuda_kernels, key, {"T-1": t - 1, "T": t, "T+1": t + 1}.get(rows, rows), rng, seed)

@@ -110,7 +110,7 @@ def test_fp8_mixed_input(kernels, norm, rng, seed):
 @pytest.mark.parametrize("rows", (257, 1000))
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 @pytest.mark.parametrize("norm", NORMS)
-def test_wgrad_bitwise_reproducible(kernels, norm, stage, rows, rng, seed):
+def test_dgamma_bitwise_reproducible(kernels, norm, stage, rows, rng, seed):
     """dgamma (and dbeta) are bitwise equal across two runs on the same inputs."""
     key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=1000)
     inputs = make_inputs(key, rows, rng)
@@ -150,3 +150,46 @@ def test_a_million_rows(kernels, norm, stage, rng, seed):
     """Row counts in the millions (QK-norm over many heads): int64 indexing, many partials."""
     key = NormKey(norm=norm, stage=stage, itype="fp32", wtype="fp32", otype="fp32", hidden_size=8)
     run_and_check(kernels, key, 1_000_003, rng, seed)
+
+
+def _chunk_rows(key, spec):
+    """Row counts around the fused bwd kernel's chunk size T (llvm): a partial chunk, exactly
+    one, one more row than a chunk."""
+    from tvmnorm.compute.norms import rows_per_partial
+    t = rows_per_partial(key, "llvm")
+    return {"T-1": t - 1, "T": t, "T+1": t + 1}.get(spec, spec)
+
+
+@pytest.mark.parametrize("rows", ("T-1", "T", "T+1", 1000))
+@pytest.mark.parametrize("hidden", (128, 1000, 4095, 7168))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+def test_fused_bwd_chunk_edges(kernels, stage, norm, dtype, hidden, rows, rng, seed):
+    """dx and dgamma/dbeta from the one-pass kernel where the last chunk of T rows is partial,
+    full, or holds a single row (its other rows must add nothing and read nothing)."""
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    run_and_check(kernels, key, _chunk_rows(key, rows), rng, seed)
+
+
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fused_bwd_many_chunks(kernels, norm, stage, rng, seed):
+    """Many chunks and partials (a QK-norm-like shape): 300 chunks of T rows plus a tail."""
+    from tvmnorm.compute.norms import rows_per_partial
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=128)
+    rows = 300 * rows_per_partial(key, "llvm") + 7
+    run_and_check(kernels, key, rows, rng, seed)
+
+
+def test_partials_are_one_per_chunk():
+    from tvmnorm.compute.norms import rows_per_partial
+    from tvmnorm.runtime import partials
+    for kind in ("llvm", "cuda"):
+        for hidden in (8, 128, 1000, 4096):
+            key = NormKey(stage="bwd", hidden_size=hidden)
+            t = rows_per_partial(key, kind)
+            assert t >= 32
+            assert [partials(r, key, kind) for r in (1, t - 1, t, t + 1, 10 * t)] == [1, 1, 1, 2, 10]
+    with pytest.raises(ValueError, match="target"):
+        rows_per_partial(NormKey(stage="bwd"), "rocm")

@@ -38,8 +38,8 @@ def test_design_space_replays_on_symbolic_rows(key, kind):
     """Every structural variant of the space, with the decisions it sampled, replays from its
     (simplified, as MetaSchedule stores it) trace onto the symbolic-row kernel, and compiles."""
     from tvmnorm._tvm import Schedule
-    for part in [p for p in kernel_funcs(key) if p in TUNED_PARTS]:
-        spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048)))
+    for part in [p for p in kernel_funcs(key, kind) if p in TUNED_PARTS]:
+        spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048, kind)))
         assert len(spaces) == len(design_spaces(key, kind)) >= 1
         for sch in spaces:
             trace = sch.trace.simplified(remove_postproc=True)
@@ -128,10 +128,14 @@ def test_load_records_reads_what_tune_wrote(tmp_path):
     assert load_records("cuda", tmp_path) == {}
 
 
+@pytest.mark.parametrize("key,part", [(NormKey(hidden_size=1024), "fwd"),
+                                      (NormKey(norm="layernorm", stage="bwd", hidden_size=1000), "dx")],
+                         ids=["fwd", "fused-bwd"])
 @pytest.mark.parametrize("kind", ["llvm", "cuda"])
-def test_candidates_build_in_forked_workers(kind):
+def test_candidates_build_in_forked_workers(kind, key, part):
     """The tuning builder compiles sampled candidates in forked workers into loadable libraries
-    (CUDA through cuda_host + nvcc, so timing them needs no NVRTC)."""
+    (CUDA through cuda_host + nvcc, so timing them needs no NVRTC), for a row kernel and the
+    fused bwd kernel."""
     import shutil
     from tvm.s_tir import meta_schedule as ms
     from tvmnorm._tvm import IRModule, Schedule, load_module, target
@@ -139,11 +143,12 @@ def test_candidates_build_in_forked_workers(kind):
     from tvmnorm.targets import target_spec
     if kind == "cuda" and not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
         pytest.skip("nvcc not installed")
-    key = NormKey(hidden_size=1024)
     tgt = target(target_spec(kind))
     inputs = []
     for _ in range(2):
-        (sch,) = space_fn(key, kind)(Schedule(tuning_func(key, "fwd", 512)))
+        # static rows, as MetaSchedule measures them (the static kernel must compile too, not
+        # only its trace replayed on the symbolic-row one)
+        (sch,) = space_fn(key, kind)(Schedule(tuning_func(key, part, 512, kind)))
         inputs.append(ms.builder.BuilderInput(IRModule({"main": sch.mod["main"]}), tgt))
     results = InProcessBuilder(kind, workers=2).build(inputs)
     for res in results:

@@ -53,7 +53,7 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
     out = {}
-    for part, func in compute.kernel_funcs(key).items():
+    for part, func in compute.kernel_funcs(key, kind).items():
         trace = (record or {}).get("parts", {}).get(part)
         if trace is not None:
             sch = Schedule(func.with_attr("global_symbol", "main"))

@@ -55,34 +55,34 @@ def signature(key: NormKey) -> list:
             + ["dx", "dgamma"] + (["dbeta"] if ln else []))
 
 
-def partials(rows: int, hidden: int, kind: str) -> int:
-    """How many partial dgamma rows the first wgrad stage writes. It depends only on the shape
-    (and, on the CPU, the core count), so dgamma is bitwise reproducible. On CUDA, enough
-    (partial row x 128 columns) blocks to fill 132 SMs several times over; on the CPU a few tasks
-    per core, and at most 1024 rows per partial: each partial is a serial fp32 sum, whose error
-    grows with its length (8 partials over a million rows missed the float64 reference by 2e-5
-    relative)."""
-    if kind == "cuda":
-        want = max(32, (1 << 17) // max(hidden, 1))
-    else:
-        want = max(4 * max(1, os.cpu_count() or 1), -(-rows // 1024))
-    return max(1, min(rows, want))
+def partials(rows: int, key: NormKey, kind: str) -> int:
+    """How many dgamma/dbeta partial rows the fused dx kernel writes: one per chunk of T =
+    rows_per_partial(key, kind) rows. It depends only on the shape, key and target, and the
+    chunks are summed in a fixed order (no atomics), so dgamma is bitwise reproducible."""
+    from .compute.norms import num_partials, rows_per_partial
+    return num_partials(rows, rows_per_partial(key, kind))
 
 
-def _alloc(like, shape, dtype: str):
-    """Scratch memory on the same device and from the same library as ``like``."""
+def _alloc(like, shape, dtype: str, zero: bool = False):
+    """Scratch memory on the same device and from the same library as ``like`` (zeroed if
+    ``zero``)."""
     mod = type(like).__module__
     if mod.startswith("torch"):
         import torch
-        return torch.empty(shape, dtype=getattr(torch, {"float32": "float32", "float64": "float64"}[dtype]),
-                           device=like.device)
+        make = torch.zeros if zero else torch.empty
+        return make(shape, dtype=getattr(torch, {"float32": "float32", "float64": "float64"}[dtype]),
+                    device=like.device)
     if mod.startswith("numpy"):
         import numpy as np
-        return np.empty(shape, dtype=dtype)
+        return (np.zeros if zero else np.empty)(shape, dtype=dtype)
     from ._tvm import empty
     import tvm_ffi
     dev_type, dev_id = like.__dlpack_device__()
-    return empty(shape, dtype, tvm_ffi.device(int(dev_type), int(dev_id)))
+    out = empty(shape, dtype, tvm_ffi.device(int(dev_type), int(dev_id)))
+    if zero:
+        import numpy as np
+        out.copyfrom(np.zeros(shape, dtype=dtype))
+    return out
 
 
 class NormKernel:
@@ -124,11 +124,16 @@ class NormKernel:
     def _bwd(self, a, rows):
         ln = self.key.norm == "layernorm"
         stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
-        if rows > 0 or self.kind != "cuda":
-            self._f["dx"](a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"])
-        p = partials(rows, self.key.hidden_size, self.kind)
-        part = _alloc(a["x"], (2 if ln else 1, p, self.key.hidden_size), self._ctype)
-        self._f["wgrad"](a["dy"], a["x"], *stats, part)
+        s = 2 if ln else 1
+        if rows == 0:
+            # no rows, no dx launch (CUDA rejects an empty grid): dgamma/dbeta of nothing are
+            # the sum of one zero partial (a zero-extent partial array is refused: torch gives
+            # it strides that are not the compact ones TVM checks)
+            part = _alloc(a["x"], (s, 1, self.key.hidden_size), self._ctype, zero=True)
+        else:
+            # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
+            part = _alloc(a["x"], (s, partials(rows, self.key, self.kind), self.key.hidden_size), self._ctype)
+            self._f["dx"](a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"], part)
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 

@@ -63,11 +63,11 @@ def save_records(kind: str, records: dict, root=None) -> None:
     os.replace(tmp, path)
 
 
-def tuning_func(key: NormKey, part: str, rows: int):
+def tuning_func(key: NormKey, part: str, rows: int, kind: str):
     """The static-row PrimFunc MetaSchedule measures (eps bound to a constant: the measuring
     harness only fills tensor arguments)."""
     from . import compute
-    func = compute.kernel_funcs(key, rows=rows)[part]
+    func = compute.kernel_funcs(key, kind, rows=rows)[part]
     eps = [p for p in func.params if p.name == "eps"]
     if eps:
         func = func.specialize({eps[0]: 1e-6})
@@ -132,7 +132,7 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> float:
     from .sched.space import TUNED_PARTS
     from .compute.norms import parts_of
     part = next(p for p in parts_of(key) if p in TUNED_PARTS)
-    func = tuning_func(key, part, tune_rows(key, kind, rows))
+    func = tuning_func(key, part, tune_rows(key, kind, rows), kind)
     mod = default_schedule(func, part, kind, DTYPE_BYTES[key.itype]).mod
     tgt = target(target_spec(kind))
     (built,) = InProcessBuilder(kind, workers=1).build([ms.builder.BuilderInput(mod, tgt)])
@@ -200,7 +200,7 @@ def _tasks(keys, kind, rows):
         for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
             task = f"{key.name}_{part}"
             n = tune_rows(key, kind, rows)
-            funcs[task], owner[task] = tuning_func(key, part, n), (key, part, n)
+            funcs[task], owner[task] = tuning_func(key, part, n, kind), (key, part, n)
     return funcs, owner
 
 

@@ -11,24 +11,66 @@ fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row
            (scale and amax_row only when otype is fp8: y = sat(y * scale), amax_row = max|y|
            per row before scaling, as TransformerEngine's fused fp8 output does)
 amax       amax_row[n] -> amax[1]                                    (fp8 fwd only)
-dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H]
-           layernorm  dy, x, mu, rsigma, gamma, (dz), dx            (dz only for bwd_add)
-wgrad      rmsnorm    dy, x, rsigma, part[1,p,H]                    (dgamma partials)
-           layernorm  dy, x, mu, rsigma, part[2,p,H]                (dgamma, dbeta partials)
-finalize   part[s,p,H] -> dgamma[H] (, dbeta[H]) in wtype
+dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H], part[1,q,H]
+           layernorm  dy, x, mu, rsigma, gamma, (dz), dx, part[2,q,H]   (dz only for bwd_add)
+finalize   part[s,q,H] -> dgamma[H] (, dbeta[H]) in wtype
 
-dgamma/dbeta use a deterministic two-stage reduction: ``wgrad`` sums rows i = q, q+p, q+2p, ...
-into partial row q (no atomics), ``finalize`` sums the p partials in a fixed order. The
-partial count p is symbolic too, chosen by the runtime from the row count, so the result is
-bitwise reproducible for a given input shape.
+The backward is one pass over dy and x: the ``dx`` kernel also writes the weight-gradient
+partials, part[0] for dgamma and (LayerNorm) part[1] for dbeta. Rows are cut into chunks of a
+static T rows (``rows_per_partial``), q = ceildiv(n, T) of them, and partial row q is the sum of
+the chunk's rows q*T .. q*T+T-1 (< n), so the kernel that walks a chunk's rows for dx keeps the
+running sums next to it and writes one partial row per chunk. ``finalize`` sums the q partials
+in a fixed order. No atomics: the result is bitwise reproducible for a given shape.
 """
 from __future__ import annotations
 
 from .._tvm import te, tirx
 from ..key import TVM_DTYPE, NormKey
+from ..targets import KINDS
 
 KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
-                "bwd": ("dx", "wgrad", "finalize"), "bwd_add": ("dx", "wgrad", "finalize")}
+                "bwd": ("dx", "finalize"), "bwd_add": ("dx", "finalize")}
+
+# The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
+# definition to the schedule, which splits the row loop by it.
+ROWS_PER_PARTIAL_ATTR = "tvmnorm.rows_per_partial"
+
+
+def rows_per_partial(key: NormKey, kind: str) -> int:
+    """T, the rows summed into one dgamma/dbeta partial row by the fused dx kernel (static, so
+    the row loop can be split by it: a symbolic split factor is refused).
+
+    Each chunk of T rows writes S fp32 partial rows (S = 1 dgamma, 2 with dbeta) that finalize
+    reads back: 8*S*H bytes against the 3*T*H*size counted for dy, x and dx, i.e. a share of
+    8*S / (3*size*T) of the counted traffic. The chunks are also the unit of parallelism (a
+    chunk's rows are walked serially by one CUDA block lane or one CPU task), so T cannot grow
+    without bound.
+
+    cuda: T = 32: the partials cost 4% (RMSNorm bf16) / 8% (LayerNorm bf16), 2-4% in fp32, and
+      16384 tokens still give 512 chunks, ~4 per SM of the H200's 132, each a 64..512-thread
+      lane, enough loads in flight for hidden >= 256. Narrower rows come in far larger counts
+      (QK-norm: tokens x heads, 524288 rows of 128): T = 64 halves the partial share and the
+      finalize work (8192 partials at that shape) while 8192 chunks of 16 threads still fill
+      every SM.
+    llvm: T >= 64 keeps the partials to 1-2% (fp32) of the traffic and gives 16 chunks at 1024
+      rows, 64 at 4096 for 2 cores; narrow rows get T = 16384 / H (a task of >= 16K elements,
+      like the other row kernels' tasks) up to 1024 rows, so a million 8-wide rows make ~1000
+      partials, not 16000 (finalize is serial per column on the CPU).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
+    h = key.hidden_size
+    if kind == "cuda":
+        return 32 if h >= 256 else 64
+    t = 64
+    while t < 1024 and t * h < 16384:
+        t *= 2
+    return t
+
+
+def num_partials(rows: int, t: int) -> int:
+    """Partial rows the fused dx kernel writes for ``rows`` rows in chunks of ``t``."""
+    return -(-rows // t)
 
 # Saturating bound for each fp8 format: llvm's fp8 cast does not saturate (1000 -> -0.0156),
 # CUDA's does, so the clamp is written into the expression to make both agree (and _to_fp8
@@ -141,8 +183,12 @@ def _bwd_inputs(key: NormKey, N):
     return dy, x, mu, rs
 
 
-def dx(key: NormKey, rows=None, name="dx"):
-    """dx = rsigma * (dy*g - mean(dy*g) [LN only] - xhat * mean(dy*g*xhat)) (+ dz for bwd_add)."""
+def dx(key: NormKey, kind: str, rows=None, name="dx"):
+    """dx = rsigma * (dy*g - mean(dy*g) [LN only] - xhat * mean(dy*g*xhat)) (+ dz for bwd_add),
+    and the weight-gradient partials of chunks of T = rows_per_partial(key, kind) rows:
+    part[0, q, j] = sum_t dy*xhat and (LayerNorm) part[1, q, j] = sum_t dy over rows q*T + t < n.
+    One reduction block with an s axis computes both (TVM's tuple reductions miscompile bf16 on
+    llvm), so dy and x are read once for both sums."""
     c, up, gamma = _loaders(key)
     H = key.hidden_size
     N = _rows(rows)
@@ -173,34 +219,31 @@ def dx(key: NormKey, rows=None, name="dx"):
         base = grad
         grad = lambda i, j: base(i, j) + up(dz[i, j])  # noqa: E731
     out = te.compute((N, H), lambda i, j: grad(i, j).astype(TVM_DTYPE[key.itype]), name="dx")
-    return _func([dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra + [out], name)
-
-
-def wgrad(key: NormKey, rows=None, name="wgrad"):
-    c, up, _ = _loaders(key)
-    H = key.hidden_size
-    N = _rows(rows)
-    P = te.var("p", "int64")
-    dy, x, mu, rs = _bwd_inputs(key, N)
-    xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
-            else (lambda i, j: up(x[i, j]) * rs[i]))
-    # at least one step, so the partials are initialised (to 0, by the guard) when there are no rows
-    steps = tirx.max(tirx.ceildiv(N, P), 1)  # P is symbolic, so this is an expression either way
+    T = rows_per_partial(key, kind)
+    # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
+    # chunks with the partial loop sees the same extent
+    Q = tirx.floordiv(N + (T - 1), T) if isinstance(N, tirx.Var) else -(-N // T)
+    # the dtype of the row loop it is merged with: int64 for the symbolic n, int32 for a static
+    # count (tuning), or the merged loops mix index types
+    t = te.reduce_axis((0, tirx.const(T, "int64" if isinstance(N, tirx.Var) else "int32")), name="t")
     zero = tirx.const(0.0, c)
 
-    t = te.reduce_axis((0, steps), name="t")
-    # part[0] accumulates dgamma, part[1] (LayerNorm) dbeta: one reduction block, so dy and x
-    # are read once for both (TVM's tuple reductions miscompile bf16 on llvm)
-    def term(s, i, j):
-        g = up(dy[i, j]) * xhat(i, j)
-        return g if mu is None else te.if_then_else(s == 0, g, up(dy[i, j]))
-    part = te.compute((2 if mu is not None else 1, P, H), lambda s, q, j: te.sum(te.if_then_else(
-        t * P + q < N, term(s, t * P + q, j), zero), axis=t), name="part")
-    return _func([dy, x] + ([mu] if mu is not None else []) + [rs, part], name)
+    def term(s_, i, j):
+        gx = up(dy[i, j]) * xhat(i, j)
+        return gx if mu is None else te.if_then_else(s_ == 0, gx, up(dy[i, j]))
+    # te.sum(where=) would be dropped by create_prim_func: the tail rows of the last chunk are
+    # guarded inside, and their row index is clamped so that every access stays in bounds even
+    # where a schedule stages the operands before the guard (a vector load into registers)
+    last = N - 1
+    part = te.compute((2 if mu is not None else 1, Q, H), lambda s_, q, j: te.sum(te.if_then_else(
+        q * T + t < N, term(s_, tirx.min(q * T + t, last), j), zero), axis=t), name="part")
+    func = _func([dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra + [out, part], name)
+    return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)
 
 
 def finalize(key: NormKey, name="finalize"):
-    """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype."""
+    """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype. The partial
+    count p is symbolic (ceildiv(rows, T)); the runtime passes one zero partial for no rows."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = te.var("p", "int64")
@@ -214,10 +257,10 @@ def finalize(key: NormKey, name="finalize"):
     return _func([part] + outs, name)
 
 
-def kernel_funcs(key: NormKey, rows=None, prefix=None) -> dict:
-    """part name -> PrimFunc for this key, global symbols ``<prefix>_<part>``."""
+def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
+    """part name -> PrimFunc for this key on target ``kind`` (the fused dx kernel's chunk size
+    depends on it), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, rows, n), "amax": lambda n: amax(rows, n),
-             "dx": lambda n: dx(key, rows, n), "wgrad": lambda n: wgrad(key, rows, n),
-             "finalize": lambda n: finalize(key, n)}
+             "dx": lambda n: dx(key, kind, rows, n), "finalize": lambda n: finalize(key, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key)}

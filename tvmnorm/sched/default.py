@@ -37,44 +37,47 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256)
 
 
-def cpu_row_heuristic(hidden: int) -> CpuRowConfig:
+def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
     """16 fp32 lanes (one AVX-512 register; two AVX2 ones) when they divide the row, 4 vector
     accumulators per row reduction (enough independent adds to cover the FP add latency), and
     rows per task so that a task covers ~16K elements. Reduction lanes (vec * acc) must divide
     the row: a reduction's predicated tail does not survive moving it under the row loop, so
-    odd rows get fewer lanes (down to a serial reduction, still correct)."""
+    odd rows get fewer lanes (down to a serial reduction, still correct). In the fused dx
+    kernel a task is ``rows`` chunks of T rows, and one chunk already covers >= 16K elements
+    (see rows_per_partial), so a task is one chunk."""
     vec = next(v for v in (16, 8, 4, 2, 1) if hidden % v == 0)
     acc = next(a for a in (4, 2, 1) if hidden % (vec * a) == 0)
     unroll = 2 if hidden % (2 * vec) == 0 else 1
-    return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=max(1, 16384 // max(hidden, 1)))
+    rows = 1 if fused else max(1, 16384 // max(hidden, 1))
+    return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=rows)
 
 
-def _cuda_wgrad(func):
-    """One thread per (partial row, column), coalesced over columns, rows walked serially with
-    the running sums (dgamma, and dbeta for LayerNorm) in registers, written to global once."""
-    sch = Schedule(func)
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    s, q, j, t = sch.get_loops(blk)
-    jo, ji = sch.split(j, [None, 128])
-    sch.reorder(q, jo, ji, t, s)
-    sch.bind(q, "blockIdx.y")
-    sch.bind(jo, "blockIdx.x")
-    sch.bind(ji, "threadIdx.x")
-    sch.unroll(s)
-    sch.reverse_compute_at(sch.cache_write(blk, 0, "local"), ji)
-    return sch
+FINALIZE_COLUMNS = 32   # threadIdx.x: one warp over 32 consecutive columns, 128-byte loads
+FINALIZE_LANES = 16     # threadIdx.y: lanes that split the partials of a column
 
 
 def _cuda_finalize(func):
+    """dgamma[j] = sum over the partials: a block per 32 columns, the partial axis split over
+    16 threadIdx.y lanes (each sums every 16th partial serially, coalesced over the columns),
+    then a cross-lane tree reduction in shared memory. Thousands of partials (QK-norm: 524288
+    rows of 128 in chunks of 64 give 8192) are summed by 512 threads per 32 columns, not one
+    serial thread per column. The order is fixed by the shape alone: deterministic."""
     sch = Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     for acc, out in zip(blocks[0::2], blocks[1::2]):  # (dgamma_acc, dgamma), (dbeta_acc, dbeta)
         (j,) = sch.get_loops(out)
-        jo, ji = sch.split(j, [None, 128])
+        jo, ji = sch.split(j, [None, FINALIZE_COLUMNS])
         sch.bind(jo, "blockIdx.x")
         sch.bind(ji, "threadIdx.x")
         sch.compute_at(acc, ji)
         sch.set_scope(acc, 0, "local")
+        (q,) = sch.get_loops(acc)[2:]
+        qo, qy = sch.split(q, [None, FINALIZE_LANES])
+        sch.reorder(qy, qo)
+        sch.bind(qy, "threadIdx.y")  # reduction loop on a thread axis: LowerCrossThreadReduction
+        # the cast and store are done by lane 0 only (a unit loop bound to threadIdx.y)
+        _, lane = sch.split(sch.add_unit_loop(out), [None, FINALIZE_LANES])
+        sch.bind(lane, "threadIdx.y")
     return sch
 
 
@@ -85,17 +88,6 @@ def _cuda_amax(func):
     sch.bind(i, "blockIdx.x")
     _, tx = sch.split(r, [None, 1024])
     sch.bind(tx, "threadIdx.x")
-    return sch
-
-
-def _cpu_wgrad(func):
-    sch = Schedule(func)
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    s, q, j, t = sch.get_loops(blk)
-    sch.reorder(q, t, s, j)  # walk rows outermost so the inner loop is contiguous in memory
-    sch.parallel(q)
-    _, v = sch.split(j, [None, 16])
-    sch.vectorize(v)
     return sch
 
 
@@ -117,10 +109,10 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
     if target_kind == "cuda":
         if part in ROW_PARTS:
             return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
-        return {"wgrad": _cuda_wgrad, "finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
+        return {"finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
-        return schedule_rows_cpu(func, cpu_row_heuristic(hidden))
-    return {"wgrad": _cpu_wgrad, "finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)
+        return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
+    return {"finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):

@@ -5,6 +5,13 @@ an elementwise output over the row. The schedule maps rows to CUDA blocks (or CP
 every stage of a row under that row loop, and splits each stage's hidden loop over threads
 (CUDA) or vector lanes (CPU). Per-row reductions become warp-shuffle allreduces on CUDA.
 
+The dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j] sums
+chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
+dx chain goes under t, the partial block's loops are reordered to (q, t, s, j) and its q and t
+loops are merged with the chain's (``_chunk_rows``): each chunk is one CUDA block lane or CPU
+task that walks its T rows serially, updating the running partial sums right after the dx
+stages read the same row, and the partials are written once per chunk.
+
 Config objects are frozen dataclasses: ``default.py`` fills them from a heuristic, ``space.py``
 samples them with MetaSchedule decisions. Every knob here is only a split factor, so a trace
 recorded on a static row count replays on the symbolic-row function.
@@ -14,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import Schedule, tirx
+from ..compute.norms import ROWS_PER_PARTIAL_ATTR
+
+PART_BLOCK = "part"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +76,40 @@ def _anchor(sch):
     return sch.get_child_blocks(sch.get_sblock("root"))[0]
 
 
+def _part_block(sch):
+    """The weight-gradient partial block of a fused dx kernel, or None."""
+    for blk in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(blk).name_hint == PART_BLOCK:
+            return blk
+    return None
+
+
+def _rows_per_partial(sch) -> int:
+    attrs = sch.mod["main"].attrs
+    if attrs is None or ROWS_PER_PARTIAL_ATTR not in attrs:
+        raise ValueError(f"a kernel with a '{PART_BLOCK}' block needs the {ROWS_PER_PARTIAL_ATTR} attribute")
+    return int(attrs[ROWS_PER_PARTIAL_ATTR])
+
+
+def _chunk_rows(sch, chain, part):
+    """Fuse the partial block into the row loop of the dx chain: split the anchor's row loop by
+    T (the static chunk size; a symbolic split factor is refused), move the chain under the row
+    loop t, reorder the partial block to (q, t, s, j) and merge its q and t loops with the
+    chain's. The partial block keeps its init inside (no decompose_reduction: an init block
+    under q would keep t from being the only child there, which merge requires); it runs at
+    t == 0. The chain's blocks are predicated on row q*T+t < n by the split, the partial block
+    by its own guard. Returns the merged (q, t) loops."""
+    T = _rows_per_partial(sch)
+    q, t = sch.split(sch.get_loops(chain[0])[0], [None, T])
+    for blk in chain[1:]:
+        sch.reverse_compute_at(blk, t, preserve_unit_loops=True)
+    s_, qp, j, tp = sch.get_loops(part)
+    sch.reorder(qp, tp, s_, j)
+    q = sch.merge(q, qp)
+    t = sch.merge(sch.get_loops(chain[0])[1], sch.get_loops(part)[1])
+    return q, t
+
+
 def _gather_under(sch, anchor, loop):
     """Move every later stage under ``loop`` of the anchor (the first stage) by
     reverse_compute_at, which follows the producer chain and accepts output blocks."""
@@ -105,11 +149,22 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     per-row outputs are done by one thread.
     """
     sch = sch or Schedule(func)
-    anchor = _anchor(sch)
-    bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(ty, "threadIdx.y")
-    blocks = _gather_under(sch, anchor, ty)
+    part = _part_block(sch)
+    if part is None:
+        anchor = _anchor(sch)
+        bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        blocks = _gather_under(sch, anchor, ty)
+        depth = 2
+    else:
+        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
+        q, _ = _chunk_rows(sch, blocks, part)
+        # one chunk per (blockIdx.x, threadIdx.y) lane, its T rows walked serially
+        bx, ty = sch.split(q, [None, cfg.rows])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        depth = 3
     for blk in blocks:
         scope = sch.get(blk).writes[0].source.scope()
         if not is_output(sch, blk) and scope == "global":
@@ -119,7 +174,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         two_d = len(sch.get(blk).iter_vars) == 2
         if not two_d and scope == "local" and not is_reduction(sch, blk):
             continue  # a per-row scalar computed by every thread of the row
-        loop = _inner_loop(sch, blk, 2)
+        loop = _inner_loop(sch, blk, depth)
         vec = cfg.vec if two_d else 1
         outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
         sch.reorder(tx, outer, v)
@@ -130,7 +185,42 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             _vector_io(sch, blk, outer)
         sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
         sch.annotate(outer, "pragma_unroll_explicit", 1)
+    if part is not None:
+        _cuda_partials(sch, part, cfg)
     return sch
+
+
+def _cuda_partials(sch, part, cfg: CudaRowConfig):
+    """The partial sums of a chunk, updated row by row inside the chunk's row loop, right after
+    the dx stages read the same row (so the re-read of dy and x hits L1), and initialised at
+    the chunk's first row. The running sums stay in the partial row in global memory (S*H*4
+    bytes per chunk, L1/L2-resident while the chunk runs); DRAM sees them written once.
+
+    Each thread of the row updates ``pv`` consecutive fp32 columns per step (pv = 4, or 2 / 1
+    when the row is not a multiple: a property of the key, not a knob), so a warp's
+    read-modify-write of the partial row is contiguous 16-byte accesses. (With the dx stages'
+    ``vec`` mapping, up to 8 fp32 per thread, each warp access would be strided 32 bytes
+    apart: 8x the L1 wavefronts for the same bytes.)
+
+    Why not registers: the sums live across the chunk's row loop, so their buffer is allocated
+    at the chunk lane, above the hidden loops bound to threadIdx.x (one per stage, inside the
+    row loop; reorder cannot hoist a thread loop above a loop that holds several blocks), and
+    CompactBufferAllocation relaxes every loop below an allocation, thread-bound ones
+    included: the per-thread buffer came out as the whole row (S*H floats of local memory).
+    A shared-memory accumulator (cache_write to "shared") was tried too: ThreadSync cannot see
+    that each thread only touches its own elements and put a __syncthreads between every pair
+    of accesses (LayerNorm 4096: 37 barriers per row), and refused ("Cannot insert syncs inside
+    condition") with several chunk lanes per block or a ragged row. No thread reads another
+    thread's sums, so no barrier or cross-thread reduction is needed here."""
+    hidden = int(sch.get(sch.get_loops(part)[-1]).extent)
+    pv = next(w for w in (4, 2, 1) if hidden % w == 0)
+    s_, j = sch.get_loops(part)[3:]
+    outer, tx, v = sch.split(j, [None, cfg.threads, pv])
+    sch.reorder(tx, outer, s_, v)
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
+    sch.annotate(outer, "pragma_unroll_explicit", 1)
 
 
 def _cpu_rfactor(sch, blk, acc, vec):
@@ -153,25 +243,35 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     """Rows are parallel tasks; every stage of a row runs inside the task, so per-row temporaries
     shrink to scalars (or one vector of lanes). Per-row reductions run in ``vec`` SIMD lanes with
     ``acc`` accumulators (two rfactors, see ``_cpu_rfactor``), spatial stages are vectorised
-    along the hidden axis.
+    along the hidden axis. In the fused dx kernel a task is ``rows`` chunks of T rows, walked
+    serially, and the partial sums of a chunk are accumulated in ``vec``-lane vectors.
 
     Only the loop structure decides what is done here, never a knob's value (the knobs may be
     MetaSchedule random variables, so the same instructions must replay for every sample)."""
     sch = sch or Schedule(func)
     root = sch.get_sblock("root")
+    part = _part_block(sch)
     for blk in list(sch.get_child_blocks(root)):
         if is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2:
             _cpu_rfactor(sch, blk, cfg.acc, cfg.vec)
-    blocks = list(sch.get_child_blocks(root))
+    blocks = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint != PART_BLOCK]
     anchor = blocks[0]
-    task, r = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
-    sch.parallel(task)
-    for blk in blocks[1:]:
-        sch.reverse_compute_at(blk, r, preserve_unit_loops=True)
-    # each block's loops below (task, r), in block-iter order (spatial first, then reduce)
+    if part is None:
+        task, r = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+        sch.parallel(task)
+        for blk in blocks[1:]:
+            sch.reverse_compute_at(blk, r, preserve_unit_loops=True)
+        depth = 2
+    else:
+        part = sch.get_sblock(PART_BLOCK)  # rfactor replaced the block RVs' function
+        q, _ = _chunk_rows(sch, blocks, part)
+        task, _ = sch.split(q, [None, cfg.rows])
+        sch.parallel(task)
+        depth = 3  # (task, chunk of the task, row of the chunk)
+    # each block's loops below the row loops, in block-iter order (spatial first, then reduce)
     rf1s, rf2s = blocks_kind(sch, blocks)
     for idx, blk in enumerate(blocks):
-        loops = sch.get_loops(blk)[2:]
+        loops = sch.get_loops(blk)[depth:]
         if idx in rf1s:
             # the anchor keeps its own order (ko, lanes); moved blocks come as (lanes, row, ko)
             if idx == 0:
@@ -194,6 +294,11 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
             jo, ju, jv = sch.split(j, [None, cfg.unroll, cfg.vec])
             sch.vectorize(jv)
             sch.unroll(ju)
+    if part is not None:
+        # (s, j): the running sums of a row step are vec-lane vector adds
+        _, j = sch.get_loops(part)[depth:]
+        _, jv = sch.split(j, [None, cfg.vec])
+        sch.vectorize(jv)
     return sch
 
 

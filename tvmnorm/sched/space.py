@@ -20,7 +20,11 @@ barrier inside the row-tail predicate) or rejected by VerifyGPUCode.
 llvm knobs: vector lanes (4..32 fp32 lanes, split of the hidden loop, vectorised in every stage),
 vector accumulators per row reduction (1..8: the reductions are rfactored into lanes x
 accumulators, so they are SIMD and not one latency-bound chain), unroll of the output loop, and
-rows per parallel task.
+rows per parallel task (for the fused bwd kernel: chunks of T rows per task, 1..4).
+
+The bwd kernel (``dx``, which also writes the dgamma/dbeta partials) has the same knobs: the
+row schedule splits its rows into chunks of the key's static T (``rows_per_partial``), so
+``rows`` counts chunk lanes per block (CUDA) or chunks per task (llvm) there.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ CPU_VEC = (4, 8, 16, 32)
 CPU_ACC = (1, 2, 4, 8)
 CPU_UNROLL = (1, 2, 4)
 CPU_ROWS = (1, 4, 16, 64)
+# the fused dx kernel's task is `rows` chunks of T rows, and a chunk is already >= 16K elements
+CPU_CHUNKS = (1, 2, 4)
 
 
 def cuda_vec_choices(key: NormKey) -> list:
@@ -74,7 +80,8 @@ def llvm_choices(key: NormKey) -> dict:
     top = max(vec)
     acc = [a for a in CPU_ACC if h % (a * top) == 0] or [1]
     unroll = [u for u in CPU_UNROLL if h % (u * top) == 0] or [1]
-    return {"vec": vec, "acc": acc, "unroll": unroll, "rows": list(CPU_ROWS)}
+    rows = CPU_CHUNKS if key.stage in ("bwd", "bwd_add") else CPU_ROWS
+    return {"vec": vec, "acc": acc, "unroll": unroll, "rows": list(rows)}
 
 
 def llvm_space(key: NormKey):

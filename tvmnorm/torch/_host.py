@@ -207,8 +207,7 @@ def rms_bwd(dy2, x2, rs, w, zc: bool):
     rows, hidden = x2.shape
     dx = torch.empty_like(x2)
     if not rows:
-        # No rows, no kernels: the gradient of an empty sum is zero. (The first core's wgrad
-        # reduction over zero rows never wrote its partial sums, leaving dgamma as garbage.)
+        # No rows, no kernels: the gradient of an empty sum is zero.
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
     kernel("rmsnorm", "bwd", x2.dtype, w.dtype, dy2.dtype, hidden, zc, x2.device)(dy2, x2, rs, w, dx, dw)
