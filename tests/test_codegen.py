@@ -45,42 +45,22 @@ def kernels_of(src: str) -> list:
 
 
 @pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
-                                 NormKey(stage="bwd_add", hidden_size=4096),
-                                 NormKey(norm="layernorm", stage="bwd", hidden_size=7168, itype="fp32",
-                                         wtype="fp32", otype="fp32")],
-                         ids=lambda k: k.name)
-def test_fused_bwd_is_one_pass_over_dy_and_x(key):
-    """The backward is one row kernel that writes dx and the dgamma/dbeta partials (plus the
-    finalize kernel): no second kernel reads dy and x, no atomics, each row's dy and x are
-    loaded by the dx stages with vector loads, the partial update re-reads the same elements
-    (L1 hits) inside the chunk's row loop, and the partials are initialised once per chunk."""
+                                 NormKey(stage="bwd_add", hidden_size=4096)], ids=lambda k: k.name)
+def test_cuda_bwd_is_dx_wgrad_finalize(key):
+    """CUDA keeps the two-pass backward (FUSED_BWD): dx, then wgrad with its running sums
+    (dgamma, and dbeta for LayerNorm) in registers over the row walk, stored to global once
+    after it, then finalize. No atomics anywhere."""
     src = cuda_source(key)
     names = sorted(set(kernels_of(src)))
-    assert [n for n in names if n.endswith("_dx_kernel")] == [f"{key.name}_dx_kernel"], names
-    assert all(n.endswith(("_dx_kernel", "_finalize_kernel")) or "_finalize_kernel_" in n for n in names), names
+    for part in ("dx", "wgrad", "finalize"):
+        assert any(n.startswith(f"{key.name}_{part}_kernel") for n in names), (part, names)
     assert "atomic" not in src
-    body = kernel(src, "dx")
-    # the chunk's rows are walked serially inside the kernel: one loop over the T rows
-    loop = re.search(r"for \(int64_t (\w+) = \(int64_t\)0; \1 < \(int64_t\)(\d+); \+\+\1\)", body)
-    assert loop, "no row loop over the chunk"
-    from tvmnorm.compute.norms import rows_per_partial
-    assert int(loop.group(2)) == rows_per_partial(key, "cuda")
-    t = loop.group(1)
-    # every global access to dy, x, dx and part is inside that loop (one pass over dy and x)
-    inner = body[loop.start():]
-    for name in ("dy_ptr", "x_ptr", "dx_ptr", "part_ptr"):
-        assert body[:loop.start()].count(name + "[") + body[:loop.start()].count(name + " +") == 0, name
-        assert name in inner, name
-    vec_load = "*(uint4*)(dy_ptr" if key.itype != "fp32" else "*(float4*)(dy_ptr"
-    if key.hidden_size % 8 == 0:
-        assert vec_load in body, "dy is not read with 16-byte loads"
-    # the partial sums are (re)initialised only at the chunk's first row
-    assert re.search(rf"if \({t} == \(int64_t\)0\) {{\s*(\*\(float\d?\*\)\()?part_ptr", body), \
-        "partials not initialised at t == 0"
-    if key.hidden_size % 4 == 0:
-        # the partial row's read-modify-write is contiguous 16-byte accesses per thread
-        assert "*(float4*)(part_ptr" in body
-    assert "__shfl_down_sync" in body  # per-row reductions are warp allreduces
+    assert "part_ptr" not in kernel(src, "dx")
+    body = kernel(src, "wgrad")
+    s = 2 if key.norm == "layernorm" else 1
+    assert f"float part_local_ptr[{s}];" in body
+    assert len(re.findall(r"part_ptr\[", body)) == 1
+    assert body.index("for (int64_t t") < body.index("part_ptr[")
 
 
 def test_finalize_splits_the_partials_over_lanes():

@@ -56,11 +56,15 @@ def signature(key: NormKey) -> list:
 
 
 def partials(rows: int, key: NormKey, kind: str) -> int:
-    """How many dgamma/dbeta partial rows the fused dx kernel writes: one per chunk of T =
-    rows_per_partial(key, kind) rows. It depends only on the shape, key and target, and the
-    chunks are summed in a fixed order (no atomics), so dgamma is bitwise reproducible."""
-    from .compute.norms import num_partials, rows_per_partial
-    return num_partials(rows, rows_per_partial(key, kind))
+    """How many dgamma/dbeta partial rows the backward writes. Fused (llvm): one per chunk of
+    T = rows_per_partial(key, kind) rows of the dx kernel. Unfused (cuda): the wgrad kernel's
+    partial count, enough (partial row x 128 columns) blocks to fill 132 SMs several times over.
+    It depends only on the shape, key and target, and the partials are summed in a fixed order
+    (no atomics), so dgamma is bitwise reproducible."""
+    from .compute.norms import FUSED_BWD, num_partials, rows_per_partial
+    if FUSED_BWD[kind]:
+        return num_partials(rows, rows_per_partial(key, kind))
+    return max(1, min(rows, max(32, (1 << 17) // max(key.hidden_size, 1))))
 
 
 def _alloc(like, shape, dtype: str, zero: bool = False):
@@ -125,21 +129,28 @@ class NormKernel:
         ln = self.key.norm == "layernorm"
         stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
         s = 2 if ln else 1
-        if rows == 0:
-            # no rows, no dx launch (CUDA rejects an empty grid): dgamma/dbeta of nothing are
-            # the sum of one zero partial (a zero-extent partial array is refused: torch gives
-            # it strides that are not the compact ones TVM checks)
+        dx_args = [a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"]]
+        if "wgrad" in self._f:
+            # two passes: dx, then the partials (wgrad initialises them, also for no rows)
+            if rows > 0 or self.kind != "cuda":  # CUDA rejects an empty grid
+                self._f["dx"](*dx_args)
+            part = _alloc(a["x"], (s, partials(rows, self.key, self.kind), self.key.hidden_size), self._ctype)
+            self._f["wgrad"](a["dy"], a["x"], *stats, part)
+        elif rows == 0:
+            # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a
+            # zero-extent partial array is refused: torch gives it strides that are not the
+            # compact ones TVM checks)
             part = _alloc(a["x"], (s, 1, self.key.hidden_size), self._ctype, zero=True)
         else:
             # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
             part = _alloc(a["x"], (s, partials(rows, self.key, self.kind), self.key.hidden_size), self._ctype)
-            self._f["dx"](a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"], part)
+            self._f["dx"](*dx_args, part)
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
 def _kernel_from_module(key, kind, mod, prefix, tuned, origin):
     from .compute.norms import parts_of
-    return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key)}, tuned, origin)
+    return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin)
 
 
 def _elf_problem(path) -> str | None:

@@ -131,7 +131,7 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> float:
     from .sched.default import default_schedule
     from .sched.space import TUNED_PARTS
     from .compute.norms import parts_of
-    part = next(p for p in parts_of(key) if p in TUNED_PARTS)
+    part = next(p for p in parts_of(key, kind) if p in TUNED_PARTS)
     func = tuning_func(key, part, tune_rows(key, kind, rows), kind)
     mod = default_schedule(func, part, kind, DTYPE_BYTES[key.itype]).mod
     tgt = target(target_spec(kind))
@@ -197,7 +197,7 @@ def _tasks(keys, kind, rows):
     from .sched.space import TUNED_PARTS
     funcs, owner = {}, {}
     for key in keys:
-        for part in [p for p in parts_of(key) if p in TUNED_PARTS]:
+        for part in [p for p in parts_of(key, kind) if p in TUNED_PARTS]:
             task = f"{key.name}_{part}"
             n = tune_rows(key, kind, rows)
             funcs[task], owner[task] = tuning_func(key, part, n, kind), (key, part, n)

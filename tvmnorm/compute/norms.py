@@ -13,14 +13,19 @@ fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row
 amax       amax_row[n] -> amax[1]                                    (fp8 fwd only)
 dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H], part[1,q,H]
            layernorm  dy, x, mu, rsigma, gamma, (dz), dx, part[2,q,H]   (dz only for bwd_add)
+           (on cuda without part: see FUSED_BWD)
+wgrad      rmsnorm    dy, x, rsigma, part[1,p,H]                        (cuda only)
+           layernorm  dy, x, mu, rsigma, part[2,p,H]
 finalize   part[s,q,H] -> dgamma[H] (, dbeta[H]) in wtype
 
-The backward is one pass over dy and x: the ``dx`` kernel also writes the weight-gradient
+On llvm the backward is one pass over dy and x: the ``dx`` kernel also writes the weight-gradient
 partials, part[0] for dgamma and (LayerNorm) part[1] for dbeta. Rows are cut into chunks of a
 static T rows (``rows_per_partial``), q = ceildiv(n, T) of them, and partial row q is the sum of
-the chunk's rows q*T .. q*T+T-1 (< n), so the kernel that walks a chunk's rows for dx keeps the
-running sums next to it and writes one partial row per chunk. ``finalize`` sums the q partials
-in a fixed order. No atomics: the result is bitwise reproducible for a given shape.
+the chunk's rows q*T .. q*T+T-1 (< n), so the task that walks a chunk's rows for dx keeps the
+running sums next to it and writes one partial row per chunk. On cuda ``wgrad`` reads dy and x a
+second time and sums rows q, q+p, q+2p, ... into partial row q (p symbolic, chosen by the
+runtime). ``finalize`` sums the partials in a fixed order. No atomics: the result is bitwise
+reproducible for a given shape.
 """
 from __future__ import annotations
 
@@ -30,6 +35,17 @@ from ..targets import KINDS
 
 KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
                 "bwd": ("dx", "finalize"), "bwd_add": ("dx", "finalize")}
+UNFUSED_BWD_PARTS = ("dx", "wgrad", "finalize")
+
+# Whether the dx kernel also writes the dgamma/dbeta partials (one pass over dy and x) on a
+# target. On llvm the fused kernel is 1.2-2.5x faster than dx + wgrad. On cuda it was measured
+# slower on the H200 (bench/results/h200-tuned-run2-fused-bwd.json: rmsnorm bwd 0.17-0.44 of
+# copy bandwidth against 0.22-0.49 unfused, layernorm 0.10-0.24 against 0.13-0.33): TVM cannot
+# keep a chunk's running sums in registers across the row loop (the per-thread buffer is sized
+# as the whole row, see the fused CUDA schedule in git history, commit 6d61b76), so they were
+# read-modified-written in global memory for every row, and L2 traffic of 8 bytes per element
+# per row outweighed the saved re-read of dy and x.
+FUSED_BWD = {"llvm": True, "cuda": False}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
 # definition to the schedule, which splits the row loop by it.
@@ -43,15 +59,9 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
     Each chunk of T rows writes S fp32 partial rows (S = 1 dgamma, 2 with dbeta) that finalize
     reads back: 8*S*H bytes against the 3*T*H*size counted for dy, x and dx, i.e. a share of
     8*S / (3*size*T) of the counted traffic. The chunks are also the unit of parallelism (a
-    chunk's rows are walked serially by one CUDA block lane or one CPU task), so T cannot grow
+    chunk's rows are walked serially by one CPU task), so T cannot grow
     without bound.
 
-    cuda: T = 32: the partials cost 4% (RMSNorm bf16) / 8% (LayerNorm bf16), 2-4% in fp32, and
-      16384 tokens still give 512 chunks, ~4 per SM of the H200's 132, each a 64..512-thread
-      lane, enough loads in flight for hidden >= 256. Narrower rows come in far larger counts
-      (QK-norm: tokens x heads, 524288 rows of 128): T = 64 halves the partial share and the
-      finalize work (8192 partials at that shape) while 8192 chunks of 16 threads still fill
-      every SM.
     llvm: T >= 64 keeps the partials to 1-2% (fp32) of the traffic and gives 16 chunks at 1024
       rows, 64 at 4096 for 2 cores; narrow rows get T = 16384 / H (a task of >= 16K elements,
       like the other row kernels' tasks) up to 1024 rows, so a million 8-wide rows make ~1000
@@ -59,9 +69,9 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
     """
     if kind not in KINDS:
         raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
+    if not FUSED_BWD[kind]:
+        raise ValueError(f"the {kind} backward is not fused (dx + wgrad): it has no chunks of rows")
     h = key.hidden_size
-    if kind == "cuda":
-        return 32 if h >= 256 else 64
     t = 64
     while t < 1024 and t * h < 16384:
         t *= 2
@@ -95,7 +105,10 @@ def _to_fp8(v, otype: str, dt: str):
                        v.astype(TVM_DTYPE[otype]))
 
 
-def parts_of(key: NormKey) -> tuple:
+def parts_of(key: NormKey, kind: str) -> tuple:
+    """The kernels of a key on a target kind, in call order."""
+    if key.stage in ("bwd", "bwd_add") and not FUSED_BWD[kind]:
+        return UNFUSED_BWD_PARTS
     return KERNEL_PARTS["fwd_fp8" if key.fp8_out else key.stage]
 
 
@@ -219,6 +232,9 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
         base = grad
         grad = lambda i, j: base(i, j) + up(dz[i, j])  # noqa: E731
     out = te.compute((N, H), lambda i, j: grad(i, j).astype(TVM_DTYPE[key.itype]), name="dx")
+    ins = [dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra
+    if not FUSED_BWD[kind]:
+        return _func(ins + [out], name)
     T = rows_per_partial(key, kind)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
@@ -237,13 +253,39 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
     last = N - 1
     part = te.compute((2 if mu is not None else 1, Q, H), lambda s_, q, j: te.sum(te.if_then_else(
         q * T + t < N, term(s_, tirx.min(q * T + t, last), j), zero), axis=t), name="part")
-    func = _func([dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra + [out, part], name)
+    func = _func(ins + [out, part], name)
     return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)
+
+
+def wgrad(key: NormKey, rows=None, name="wgrad"):
+    """The weight-gradient partials as a second pass over dy and x (cuda): partial row q sums
+    rows q, q+p, q+2p, ... for a symbolic partial count p chosen by the runtime."""
+    c, up, _ = _loaders(key)
+    H = key.hidden_size
+    N = _rows(rows)
+    P = te.var("p", "int64")
+    dy, x, mu, rs = _bwd_inputs(key, N)
+    xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
+            else (lambda i, j: up(x[i, j]) * rs[i]))
+    # at least one step, so the partials are initialised (to 0, by the guard) when there are no rows
+    steps = tirx.max(tirx.ceildiv(N, P), 1)  # P is symbolic, so this is an expression either way
+    zero = tirx.const(0.0, c)
+    t = te.reduce_axis((0, steps), name="t")
+
+    # part[0] accumulates dgamma, part[1] (LayerNorm) dbeta: one reduction block, so dy and x
+    # are read once for both (TVM's tuple reductions miscompile bf16 on llvm)
+    def term(s_, i, j):
+        gx = up(dy[i, j]) * xhat(i, j)
+        return gx if mu is None else te.if_then_else(s_ == 0, gx, up(dy[i, j]))
+    part = te.compute((2 if mu is not None else 1, P, H), lambda s_, q, j: te.sum(te.if_then_else(
+        t * P + q < N, term(s_, t * P + q, j), zero), axis=t), name="part")
+    return _func([dy, x] + ([mu] if mu is not None else []) + [rs, part], name)
 
 
 def finalize(key: NormKey, name="finalize"):
     """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype. The partial
-    count p is symbolic (ceildiv(rows, T)); the runtime passes one zero partial for no rows."""
+    count p is symbolic (ceildiv(rows, T) fused, the runtime's choice for wgrad); the runtime
+    passes one zero partial for no rows."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = te.var("p", "int64")
@@ -262,5 +304,6 @@ def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
     depends on it), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, rows, n), "amax": lambda n: amax(rows, n),
-             "dx": lambda n: dx(key, kind, rows, n), "finalize": lambda n: finalize(key, n)}
-    return {part: build[part](f"{prefix}_{part}") for part in parts_of(key)}
+             "dx": lambda n: dx(key, kind, rows, n), "wgrad": lambda n: wgrad(key, rows, n),
+             "finalize": lambda n: finalize(key, n)}
+    return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

@@ -5,12 +5,12 @@ an elementwise output over the row. The schedule maps rows to CUDA blocks (or CP
 every stage of a row under that row loop, and splits each stage's hidden loop over threads
 (CUDA) or vector lanes (CPU). Per-row reductions become warp-shuffle allreduces on CUDA.
 
-The dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j] sums
-chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
+On llvm the dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j]
+sums chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
 dx chain goes under t, the partial block's loops are reordered to (q, t, s, j) and its q and t
-loops are merged with the chain's (``_chunk_rows``): each chunk is one CUDA block lane or CPU
-task that walks its T rows serially, updating the running partial sums right after the dx
-stages read the same row, and the partials are written once per chunk.
+loops are merged with the chain's (``_chunk_rows``): each chunk is one CPU task that walks its
+T rows serially, updating the running partial sums right after the dx stages read the same row,
+and the partials are written once per chunk.
 
 Config objects are frozen dataclasses: ``default.py`` fills them from a heuristic, ``space.py``
 samples them with MetaSchedule decisions. Every knob here is only a split factor, so a trace
@@ -149,22 +149,14 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     per-row outputs are done by one thread.
     """
     sch = sch or Schedule(func)
-    part = _part_block(sch)
-    if part is None:
-        anchor = _anchor(sch)
-        bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        blocks = _gather_under(sch, anchor, ty)
-        depth = 2
-    else:
-        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
-        q, _ = _chunk_rows(sch, blocks, part)
-        # one chunk per (blockIdx.x, threadIdx.y) lane, its T rows walked serially
-        bx, ty = sch.split(q, [None, cfg.rows])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        depth = 3
+    if _part_block(sch) is not None:
+        # see FUSED_BWD in compute/norms.py: slower than dx + wgrad on the H200
+        raise ValueError("the fused dx kernel (with dgamma/dbeta partials) is not scheduled for CUDA")
+    anchor = _anchor(sch)
+    bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    blocks = _gather_under(sch, anchor, ty)
     for blk in blocks:
         scope = sch.get(blk).writes[0].source.scope()
         if not is_output(sch, blk) and scope == "global":
@@ -174,7 +166,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         two_d = len(sch.get(blk).iter_vars) == 2
         if not two_d and scope == "local" and not is_reduction(sch, blk):
             continue  # a per-row scalar computed by every thread of the row
-        loop = _inner_loop(sch, blk, depth)
+        loop = _inner_loop(sch, blk, 2)
         vec = cfg.vec if two_d else 1
         outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
         sch.reorder(tx, outer, v)
@@ -185,42 +177,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             _vector_io(sch, blk, outer)
         sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
         sch.annotate(outer, "pragma_unroll_explicit", 1)
-    if part is not None:
-        _cuda_partials(sch, part, cfg)
     return sch
-
-
-def _cuda_partials(sch, part, cfg: CudaRowConfig):
-    """The partial sums of a chunk, updated row by row inside the chunk's row loop, right after
-    the dx stages read the same row (so the re-read of dy and x hits L1), and initialised at
-    the chunk's first row. The running sums stay in the partial row in global memory (S*H*4
-    bytes per chunk, L1/L2-resident while the chunk runs); DRAM sees them written once.
-
-    Each thread of the row updates ``pv`` consecutive fp32 columns per step (pv = 4, or 2 / 1
-    when the row is not a multiple: a property of the key, not a knob), so a warp's
-    read-modify-write of the partial row is contiguous 16-byte accesses. (With the dx stages'
-    ``vec`` mapping, up to 8 fp32 per thread, each warp access would be strided 32 bytes
-    apart: 8x the L1 wavefronts for the same bytes.)
-
-    Why not registers: the sums live across the chunk's row loop, so their buffer is allocated
-    at the chunk lane, above the hidden loops bound to threadIdx.x (one per stage, inside the
-    row loop; reorder cannot hoist a thread loop above a loop that holds several blocks), and
-    CompactBufferAllocation relaxes every loop below an allocation, thread-bound ones
-    included: the per-thread buffer came out as the whole row (S*H floats of local memory).
-    A shared-memory accumulator (cache_write to "shared") was tried too: ThreadSync cannot see
-    that each thread only touches its own elements and put a __syncthreads between every pair
-    of accesses (LayerNorm 4096: 37 barriers per row), and refused ("Cannot insert syncs inside
-    condition") with several chunk lanes per block or a ragged row. No thread reads another
-    thread's sums, so no barrier or cross-thread reduction is needed here."""
-    hidden = int(sch.get(sch.get_loops(part)[-1]).extent)
-    pv = next(w for w in (4, 2, 1) if hidden % w == 0)
-    s_, j = sch.get_loops(part)[3:]
-    outer, tx, v = sch.split(j, [None, cfg.threads, pv])
-    sch.reorder(tx, outer, s_, v)
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(v)
-    sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
-    sch.annotate(outer, "pragma_unroll_explicit", 1)
 
 
 def _cpu_rfactor(sch, blk, acc, vec):

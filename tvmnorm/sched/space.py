@@ -22,9 +22,9 @@ vector accumulators per row reduction (1..8: the reductions are rfactored into l
 accumulators, so they are SIMD and not one latency-bound chain), unroll of the output loop, and
 rows per parallel task (for the fused bwd kernel: chunks of T rows per task, 1..4).
 
-The bwd kernel (``dx``, which also writes the dgamma/dbeta partials) has the same knobs: the
-row schedule splits its rows into chunks of the key's static T (``rows_per_partial``), so
-``rows`` counts chunk lanes per block (CUDA) or chunks per task (llvm) there.
+The bwd row kernel ``dx`` has the same knobs. On llvm it also writes the dgamma/dbeta partials
+and the row schedule splits its rows into chunks of the key's static T (``rows_per_partial``),
+so ``rows`` counts chunks per task there.
 """
 from __future__ import annotations
 
