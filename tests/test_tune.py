@@ -182,3 +182,23 @@ def test_cuda_tuning_rows_leave_a_partial_block_like_the_library_kernel():
         return len(re.findall(r"threadIdx\.y\)\)? < ", src))
     static = guards(tuning_func(key, "fwd", tune_rows(key, "cuda"), "cuda"))
     assert static > 100 and static == guards(kernel_funcs(key, "cuda")["fwd"])
+
+
+def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
+    from tvmnorm.tune import accept_records
+    keys = {h: NormKey(hidden_size=h) for h in (1024, 2048, 4096, 7168)}
+
+    def rec(h, impl, us, status="ok"):
+        return {"op": "rmsnorm_fwd", "dtype": "bf16", "hidden": h, "rows": 16384, "impl": impl,
+                "us": us, "status": status}
+    bench = {"records": [rec(1024, "tvmnorm_tuned", 10.0), rec(1024, "tvmnorm_default", 12.0),
+                         rec(2048, "tvmnorm_tuned", 20.3), rec(2048, "tvmnorm_default", 20.0),  # within slack
+                         rec(4096, "tvmnorm_tuned", 50.0, "wrong"), rec(4096, "tvmnorm_default", 60.0),
+                         rec(7168, "tvmnorm_tuned", 175.0), rec(7168, "tvmnorm_default", 120.3)]}
+    records = {k.pack(): {"key": k.name} for k in keys.values()}
+    records[NormKey(hidden_size=512).pack()] = {"key": "never benchmarked"}
+    kept, dropped = accept_records(records, bench)
+    assert set(kept) == {keys[1024].pack(), keys[2048].pack()}
+    assert "wrong" in dropped[keys[4096].pack()]
+    assert "slower than the default" in dropped[keys[7168].pack()]
+    assert dropped[NormKey(hidden_size=512).pack()] == "not benchmarked"

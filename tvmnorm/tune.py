@@ -266,3 +266,63 @@ def tune_main(args, keys) -> None:
         from .runtime import DEFAULT_LIBRARY_ROOT
         out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / kind
         build_library(keys, kind, out, records=records)
+
+
+def accept_records(records: dict, bench: dict, slack: float = 0.02) -> tuple:
+    """The tuned records a benchmark run of their library supports: a record stays when its
+    key's ``tvmnorm_tuned`` kernel passed the float64 refcheck and was no slower than
+    ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
+    measures a static-row candidate, the library runs the symbolic-row kernel, and a record
+    that lost to the default in the library (three did on the H200) must not ship.
+    ``bench`` is a ``tvmnorm bench`` JSON. Returns (kept, dropped: packed key -> reason)."""
+    from .bench import Case
+    runs = {}
+    for r in bench["records"]:
+        case = Case(op=r["op"], dtype=r["dtype"], hidden=r["hidden"], rows=r["rows"], tokens=r.get("tokens", r["rows"]),
+                    rows_kind=r.get("rows_kind", "tokens"), model=r.get("model", ""), what=r.get("what", ""),
+                    fp8_format=bench.get("meta", {}).get("fp8_format", "fp8e4m3"))
+        runs.setdefault((case.key().pack(), r["rows"]), {})[r["impl"]] = r
+    kept, dropped = {}, {}
+    for packed, rec in records.items():
+        seen = [(rows, impls) for (k, rows), impls in runs.items() if k == packed]
+        reason = None if seen else "not benchmarked"
+        for rows, impls in seen:
+            tuned, default = impls.get("tvmnorm_tuned", {}), impls.get("tvmnorm_default", {})
+            if tuned.get("status") != "ok":
+                reason = f"tuned kernel {tuned.get('status', 'missing')} at {rows} rows"
+            elif default.get("status") == "ok" and tuned["us"] > default["us"] * (1 + slack):
+                reason = f"slower than the default at {rows} rows ({tuned['us']:.1f} vs {default['us']:.1f} us)"
+            if reason:
+                break
+        if reason:
+            dropped[packed] = reason
+        else:
+            kept[packed] = rec
+    return kept, dropped
+
+
+def accept_main(argv=None) -> int:
+    """python -m tvmnorm.tune accept SCHEDULES.json BENCH.json OUT.json"""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m tvmnorm.tune accept",
+                                 description="keep the tuned records that their library's benchmark supports")
+    ap.add_argument("schedules")
+    ap.add_argument("bench")
+    ap.add_argument("out")
+    ap.add_argument("--slack", type=float, default=0.02)
+    args = ap.parse_args(argv)
+    data = json.loads(pathlib.Path(args.schedules).read_text())
+    records = {int(k, 16): v for k, v in data["records"].items()}
+    kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack)
+    for packed, why in sorted(dropped.items()):
+        print(f"dropped {records[packed]['key']}: {why}")
+    data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
+    pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
+    print(f"kept {len(kept)} of {len(records)} records -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["accept"]:
+        sys.exit("usage: python -m tvmnorm.tune accept SCHEDULES.json BENCH.json OUT.json")
+    sys.exit(accept_main(sys.argv[2:]))
