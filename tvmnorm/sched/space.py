@@ -13,9 +13,12 @@ tuned at a static row count replays on the symbolic-row kernel.
 CUDA knobs: threads per row (4..1024), rows per block (1..16), vector width (elements per
 thread per access, up to 16 bytes, only widths that divide the row: TE's rule
 hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because predicated tails
-handle the rest), unroll depth. (Staging the row in shared memory was tried: see design_spaces.) Combinations that cannot work are pruned
-here (more than 1024 threads; several rows per block with multi-warp rows, which would need a
-barrier inside the row-tail predicate) or rejected by VerifyGPUCode.
+handle the rest), unroll depth. (Staging the row in shared memory was tried: see design_spaces.)
+Pruned here: thread counts that leave a thread no vector or more than 32 of them, vector widths
+that do not divide the row or exceed 16 bytes; VerifyGPUCode rejects the rest (more than 1024
+threads per block, too much shared memory). Several rows per block with multi-warp rows are
+kept: TVM guards each row's allreduce, and such records (64 threads x 2 rows at hidden 7168,
+128 x 8 at 2048) passed the float64 check on the H200 with partial last blocks (257, 4097 rows).
 
 llvm knobs: vector lanes (4..32 fp32 lanes, split of the hidden loop, vectorised in every stage),
 vector accumulators per row reduction (1..8: the reductions are rfactored into lanes x
