@@ -131,17 +131,18 @@ def test_load_records_reads_what_tune_wrote(tmp_path):
 @pytest.mark.parametrize("key,part", [(NormKey(hidden_size=1024), "fwd"),
                                       (NormKey(norm="layernorm", stage="bwd", hidden_size=1000), "dx")],
                          ids=["fwd", "fused-bwd"])
-@pytest.mark.parametrize("kind", ["llvm", "cuda"])
-def test_candidates_build_in_forked_workers(kind, key, part):
-    """The tuning builder compiles sampled candidates in forked workers into loadable libraries
-    (CUDA through cuda_host + nvcc, so timing them needs no NVRTC), for a row kernel and the
-    fused bwd kernel."""
+@pytest.mark.parametrize("kind,build", [("llvm", None), ("cuda", "nvrtc"), ("cuda", "nvcc")])
+def test_candidates_build_in_forked_workers(kind, build, key, part):
+    """The tuning builder compiles sampled candidates in forked workers into loadable libraries,
+    for a row kernel and the fused bwd kernel. CUDA candidates either the NVRTC way (TVM's CUDA
+    build: without a CUDA runtime, as here, the library keeps the CUDA source, so it can only be
+    loaded where there is one) or through cuda_host + nvcc (loadable with tvm_ffi alone)."""
     import shutil
     from tvm.s_tir import meta_schedule as ms
-    from tvmnorm._tvm import IRModule, Schedule, load_module, target
+    from tvmnorm._tvm import IRModule, Schedule, cuda_available, load_module, target
     from tvmnorm.measure import InProcessBuilder
     from tvmnorm.targets import target_spec
-    if kind == "cuda" and not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+    if build == "nvcc" and not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
         pytest.skip("nvcc not installed")
     tgt = target(target_spec(kind))
     inputs = []
@@ -150,11 +151,20 @@ def test_candidates_build_in_forked_workers(kind, key, part):
         # only its trace replayed on the symbolic-row one)
         (sch,) = space_fn(key, kind)(Schedule(tuning_func(key, part, 512, kind)))
         inputs.append(ms.builder.BuilderInput(IRModule({"main": sch.mod["main"]}), tgt))
-    results = InProcessBuilder(kind, workers=2).build(inputs)
+    results = InProcessBuilder(kind, workers=2, cuda_build=build or "nvrtc").build(inputs)
     for res in results:
         assert res.error_msg is None, res.error_msg
+        assert pathlib.Path(res.artifact_path).read_bytes()[:4] == b"\x7fELF"
+        if build == "nvrtc" and not cuda_available():
+            continue
         mod = load_module(res.artifact_path)
         assert mod.implements_function("main")
+
+
+def test_cuda_build_mode_is_checked():
+    from tvmnorm.measure import build_candidate
+    with pytest.raises(ValueError, match="cuda_build"):
+        build_candidate(None, "cuda", None, None, cuda_build="ptxas")
 
 
 def test_cuda_tuning_rows_leave_a_partial_block_like_the_library_kernel():
@@ -202,3 +212,16 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert "wrong" in dropped[keys[4096].pack()]
     assert "slower than the default" in dropped[keys[7168].pack()]
     assert dropped[NormKey(hidden_size=512).pack()] == "not benchmarked"
+
+
+def test_preflight_times_the_default_or_names_every_failed_build():
+    from tvmnorm._tvm import cuda_available
+    from tvmnorm.tune import TuningBroken, preflight
+    key = NormKey(hidden_size=768, itype="fp32", wtype="fp32", otype="fp32")
+    us, build = preflight(key, "llvm", 64)
+    assert us > 0 and build is None
+    if cuda_available():
+        pytest.skip("a GPU is here: the CUDA preflight would pass")
+    with pytest.raises(TuningBroken) as err:
+        preflight(NormKey(hidden_size=1024), "cuda", 4097)
+    assert "nvrtc build of" in str(err.value) and "nvcc build of" in str(err.value)

@@ -98,7 +98,7 @@ def _postprocs(kind):
 
 
 def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
-               workers: int | None = None) -> dict:
+               workers: int | None = None, cuda_build: str | None = None) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
     from ._tvm import IRModule, ms, target
@@ -111,7 +111,8 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
               for task in funcs}
     work = logs / target_name(kind)
     work.mkdir(parents=True, exist_ok=True)
-    builder, runner = InProcessBuilder(kind, workers=workers), InProcessRunner(kind)
+    builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
+    runner = InProcessRunner(kind)
     db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
                      max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
                      space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
@@ -128,11 +129,14 @@ class TuningBroken(RuntimeError):
     pass
 
 
-def preflight(key: NormKey, kind: str, rows: int | None) -> float:
+def preflight(key: NormKey, kind: str, rows: int | None) -> tuple:
     """Build and time one key's default schedule through the tuning builder and runner, before
-    any search: a toolchain or device problem then costs seconds, not a batch. Returns the
-    measured microseconds."""
-    from ._tvm import IRModule, ms, target
+    any search: a toolchain or device problem then costs seconds, not a batch. On CUDA the device
+    is initialised first and the candidate is built in forked workers, as every later batch is
+    (a worker that touches the CUDA runtime after the parent initialised it fails), the fast
+    NVRTC build first and the nvcc build if that fails. Returns (measured microseconds, the CUDA
+    build that worked or None)."""
+    from ._tvm import cuda_available, ms, target
     from .key import DTYPE_BYTES
     from .measure import InProcessBuilder, InProcessRunner
     from .sched.default import default_schedule
@@ -142,15 +146,22 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> float:
     func = tuning_func(key, part, tune_rows(key, kind, rows), kind)
     mod = default_schedule(func, part, kind, DTYPE_BYTES[key.itype]).mod
     tgt = target(target_spec(kind))
-    (built,) = InProcessBuilder(kind, workers=1).build([ms.builder.BuilderInput(mod, tgt)])
-    if built.error_msg:
-        raise TuningBroken(f"preflight build of {key.name} {part} failed:\n{built.error_msg}")
     info = ms.arg_info.ArgInfo.from_prim_func(func)
-    (fut,) = InProcessRunner(kind).run([ms.runner.RunnerInput(built.artifact_path, kind, info)])
-    res = fut.result()
-    if res.error_msg:
-        raise TuningBroken(f"preflight run of {key.name} {part} failed:\n{res.error_msg}")
-    return 1e6 * min(float(x) for x in res.run_secs)
+    if kind == "cuda":
+        cuda_available()  # initialise the CUDA runtime in this process, as the runner will
+    runner, failures = InProcessRunner(kind), []
+    for build in (("nvrtc", "nvcc") if kind == "cuda" else (None,)):
+        builder = InProcessBuilder(kind, workers=2, cuda_build=build or "nvrtc")
+        built = builder.build([ms.builder.BuilderInput(mod, tgt)] * 2)  # two: the forked pool
+        errors = [b.error_msg for b in built if b.error_msg]
+        if not errors:
+            (fut,) = runner.run([ms.runner.RunnerInput(built[0].artifact_path, kind, info)])
+            res = fut.result()
+            if not res.error_msg:
+                return 1e6 * min(float(x) for x in res.run_secs), build
+            errors = [res.error_msg]
+        failures.append(f"{build or kind} build of {key.name} {part}: {errors[0]}")
+    raise TuningBroken("preflight failed:\n" + "\n".join(failures))
 
 
 def _search():
@@ -237,20 +248,22 @@ def tune_main(args, keys) -> None:
         print(f"recovered {len(recovered)} keys measured by an interrupted run from {logs}", file=sys.stderr)
     print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
           f"tuned), {args.trials} trials each, rows={rows or 'per key'}", file=sys.stderr)
+    cuda_build = None
     if todo:
         try:
-            us = preflight(todo[0], kind, args.rows)
+            us, cuda_build = preflight(todo[0], kind, args.rows)
         except TuningBroken as e:
             print(f"stopping: {e}", file=sys.stderr)
             raise SystemExit(2)
-        print(f"preflight: {todo[0].name} default schedule {us:.1f} us", file=sys.stderr)
+        how = f", candidates built with {cuda_build}" if cuda_build else ""
+        print(f"preflight: {todo[0].name} default schedule {us:.1f} us{how}", file=sys.stderr)
     t0 = time.time()
     batch = max(1, args.batch)
     for i in range(0, len(todo), batch):
         group = todo[i:i + batch]
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
-            found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers)
+            found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build)
         except TuningBroken as e:
             print(f"\nstopping: {e}", file=sys.stderr)
             raise SystemExit(2)
