@@ -212,6 +212,10 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert "wrong" in dropped[keys[4096].pack()]
     assert "slower than the default" in dropped[keys[7168].pack()]
     assert dropped[NormKey(hidden_size=512).pack()] == "not benchmarked"
+    # a record the benchmark did not cover stays when it was accepted before, unchanged
+    before = {NormKey(hidden_size=512).pack(): {"key": "never benchmarked"}}
+    kept, _ = accept_records(records, bench, accepted=before)
+    assert NormKey(hidden_size=512).pack() in kept
 
 
 def test_preflight_times_the_default_or_names_every_failed_build():

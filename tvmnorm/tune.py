@@ -281,13 +281,15 @@ def tune_main(args, keys) -> None:
         build_library(keys, kind, out, records=records)
 
 
-def accept_records(records: dict, bench: dict, slack: float = 0.02) -> tuple:
+def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: dict | None = None) -> tuple:
     """The tuned records a benchmark run of their library supports: a record stays when its
     key's ``tvmnorm_tuned`` kernel passed the float64 refcheck and was no slower than
     ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
     measures a static-row candidate, the library runs the symbolic-row kernel, and a record
     that lost to the default in the library (three did on the H200) must not ship.
-    ``bench`` is a ``tvmnorm bench`` JSON. Returns (kept, dropped: packed key -> reason)."""
+    ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover stays only if
+    ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
+    Returns (kept, dropped: packed key -> reason)."""
     from .bench import Case
     runs = {}
     for r in bench["records"]:
@@ -298,7 +300,8 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02) -> tuple:
     kept, dropped = {}, {}
     for packed, rec in records.items():
         seen = [(rows, impls) for (k, rows), impls in runs.items() if k == packed]
-        reason = None if seen else "not benchmarked"
+        before = (accepted or {}).get(packed)
+        reason = None if seen or (before and before.get("parts") == rec.get("parts")) else "not benchmarked"
         for rows, impls in seen:
             tuned, default = impls.get("tvmnorm_tuned", {}), impls.get("tvmnorm_default", {})
             if tuned.get("status") != "ok":
@@ -323,10 +326,15 @@ def accept_main(argv=None) -> int:
     ap.add_argument("bench")
     ap.add_argument("out")
     ap.add_argument("--slack", type=float, default=0.02)
+    ap.add_argument("--accepted", help="records accepted before (kept when this benchmark did not cover them)")
     args = ap.parse_args(argv)
-    data = json.loads(pathlib.Path(args.schedules).read_text())
-    records = {int(k, 16): v for k, v in data["records"].items()}
-    kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack)
+
+    def read(path):
+        data = json.loads(pathlib.Path(path).read_text())
+        return data, {int(k, 16): v for k, v in data["records"].items()}
+    data, records = read(args.schedules)
+    accepted = read(args.accepted)[1] if args.accepted else None
+    kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted)
     for packed, why in sorted(dropped.items()):
         print(f"dropped {records[packed]['key']}: {why}")
     data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
