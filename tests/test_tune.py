@@ -229,3 +229,21 @@ def test_preflight_times_the_default_or_names_every_failed_build():
     with pytest.raises(TuningBroken) as err:
         preflight(NormKey(hidden_size=1024), "cuda", 4097)
     assert "nvrtc build of" in str(err.value) and "nvcc build of" in str(err.value)
+
+
+def _hanging_build(payload):
+    import time
+    time.sleep(30)
+    return "never", None
+
+
+def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
+    import time
+    from tvmnorm import measure
+    monkeypatch.setattr(measure, "_build_in_worker", _hanging_build)
+    builder = measure.InProcessBuilder("llvm", workers=2, timeout=1.0)
+    t0 = time.time()
+    done = builder._build_forked([("a",), ("b",)])
+    assert time.time() - t0 < 10
+    assert all(path is None and err.startswith("TimeoutError") for path, err in done)
+    assert builder._pool is None  # killed, a fresh pool next round

@@ -73,9 +73,9 @@ class InProcessBuilder(ms.builder.PyBuilder):
     ``cuda_build`` way (see CUDA_BUILDS)."""
 
     def __init__(self, kind: str = "llvm", arch: str | None = None, workers: int | None = None,
-                 cuda_build: str = "nvrtc"):
+                 cuda_build: str = "nvrtc", timeout: float = 300.0):
         super().__init__()
-        self.kind, self.arch, self.cuda_build = kind, arch, cuda_build
+        self.kind, self.arch, self.cuda_build, self.timeout = kind, arch, cuda_build, timeout
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._pool = None
         self.errors = []  # the first few build errors, for a caller that finds nothing worked
@@ -95,9 +95,23 @@ class InProcessBuilder(ms.builder.PyBuilder):
         if self.workers == 1 or len(payloads) == 1:
             done = [_build_in_worker(p) for p in payloads]
         else:
-            done = list(self._executor().map(_build_in_worker, payloads))
+            done = self._build_forked(payloads)
         self.errors += [err for _, err in done if err][:max(0, 3 - len(self.errors))]
         return [ms.builder.BuilderResult(path, err) for path, err in done]
+
+    def _build_forked(self, payloads):
+        """Build in the worker pool; a round that is not done within ``timeout`` seconds (a
+        compiler that hangs in a forked process) fails its unfinished candidates, and the pool
+        is killed and started afresh, rather than stalling the tuning run (and a GPU lease)."""
+        futures = [self._executor().submit(_build_in_worker, p) for p in payloads]
+        _, late = concurrent.futures.wait(futures, timeout=self.timeout)
+        if late:
+            for proc in list(getattr(self._pool, "_processes", {}).values()):
+                proc.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        return [f.result() if f not in late else (None, f"TimeoutError: not built within {self.timeout:.0f} s")
+                for f in futures]
 
 
 @_derived

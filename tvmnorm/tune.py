@@ -151,7 +151,7 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> tuple:
         cuda_available()  # initialise the CUDA runtime in this process, as the runner will
     runner, failures = InProcessRunner(kind), []
     for build in (("nvrtc", "nvcc") if kind == "cuda" else (None,)):
-        builder = InProcessBuilder(kind, workers=2, cuda_build=build or "nvrtc")
+        builder = InProcessBuilder(kind, workers=2, cuda_build=build or "nvrtc", timeout=60.0)
         built = builder.build([ms.builder.BuilderInput(mod, tgt)] * 2)  # two: the forked pool
         errors = [b.error_msg for b in built if b.error_msg]
         if not errors:
