@@ -48,13 +48,11 @@ def build_candidate(mod, kind: str, arch: str | None, target=None, cuda_build: s
         from .targets import arch_of
         funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
         _export_cuda_host(funcs, arch_of("cuda", arch), path, path.parent)
-    elif kind == "cuda":
-        if cuda_build not in CUDA_BUILDS:
-            raise ValueError(f"cuda_build must be one of {CUDA_BUILDS}, got {cuda_build!r}")
-        with target:
-            compile_module(mod, target).export_library(str(path))
     else:
-        compile_module(mod, target).export_library(str(path))
+        if kind == "cuda" and cuda_build not in CUDA_BUILDS:
+            raise ValueError(f"cuda_build must be one of {CUDA_BUILDS}, got {cuda_build!r}")
+        with target:  # in scope, NVRTC takes the arch from it and never asks the CUDA runtime
+            compile_module(mod, target).export_library(str(path))
     return str(path)
 
 
@@ -127,10 +125,6 @@ class _Done(ms.runner.PyRunnerFuture):
         return self._result
 
 
-TORCH_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
-               "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
-
-
 def _random(shape, dtype: str, kind: str):
     """Random normal data of one argument. On CUDA it is made on the GPU with torch when torch
     is there: numpy needs about a second per 100M elements, the GPU a millisecond."""
@@ -140,7 +134,7 @@ def _random(shape, dtype: str, kind: str):
         except ImportError:
             torch = None
         if torch is not None and torch.cuda.is_available():
-            t = torch.randn(shape, device="cuda", dtype=torch.float32).to(getattr(torch, TORCH_DTYPE[dtype]))
+            t = torch.randn(shape, device="cuda", dtype=torch.float32).to(getattr(torch, dtype))  # TVM's dtype names are torch's
             return tvm.runtime.from_dlpack(t), t  # keep the torch tensor alive with the view
     host = np.random.default_rng().standard_normal(shape).astype("float32")
     if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
