@@ -38,14 +38,13 @@ KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
 UNFUSED_BWD_PARTS = ("dx", "wgrad", "finalize")
 
 # Whether the dx kernel also writes the dgamma/dbeta partials (one pass over dy and x) on a
-# target. On llvm the fused kernel is 1.2-2.5x faster than dx + wgrad. On cuda it was measured
-# slower on the H200 (bench/results/h200-tuned-run2-fused-bwd.json: rmsnorm bwd 0.17-0.44 of
-# copy bandwidth against 0.22-0.49 unfused, layernorm 0.10-0.24 against 0.13-0.33): TVM cannot
-# keep a chunk's running sums in registers across the row loop (the per-thread buffer is sized
-# as the whole row, see the fused CUDA schedule in git history, commit 6d61b76), so they were
-# read-modified-written in global memory for every row, and L2 traffic of 8 bytes per element
-# per row outweighed the saved re-read of dy and x.
-FUSED_BWD = {"llvm": True, "cuda": False}
+# target. Both do: on llvm it is 1.2-2.5x faster than dx + wgrad. On cuda a first fused schedule
+# was slower on the H200 (bench/results/h200-tuned-run2-fused-bwd.json) because TVM sized each
+# thread's running sums as the whole row and kept them in memory; the CUDA row schedule now drops
+# the thread component from their layout (see _cuda_partials in sched/rows.py), so they are a
+# few registers per thread. The unfused kernels (dx without partials, wgrad) stay buildable:
+# set an entry to False to compare.
+FUSED_BWD = {"llvm": True, "cuda": True}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
 # definition to the schedule, which splits the row loop by it.
@@ -66,12 +65,19 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
       rows, 64 at 4096 for 2 cores; narrow rows get T = 16384 / H (a task of >= 16K elements,
       like the other row kernels' tasks) up to 1024 rows, so a million 8-wide rows make ~1000
       partials, not 16000 (finalize is serial per column on the CPU).
+    cuda: a chunk is walked serially by one group of threads (a block, or one threadIdx.y lane
+      of it), so T trades partial traffic against parallelism. T = 32: the partials are 4% of
+      the bf16 traffic for RMSNorm, 8% for LayerNorm, and 16384 tokens still make 512 chunks
+      (~4 per SM, each with a whole row of loads in flight). Narrow rows do not get a longer T,
+      unlike llvm: their parallelism is the number of chunks in flight, already short at 512.
     """
     if kind not in KINDS:
         raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
     if not FUSED_BWD[kind]:
         raise ValueError(f"the {kind} backward is not fused (dx + wgrad): it has no chunks of rows")
     h = key.hidden_size
+    if kind == "cuda":
+        return 32
     t = 64
     while t < 1024 and t * h < 16384:
         t *= 2
@@ -186,9 +192,9 @@ def amax(rows=None, name="amax"):
     return _func([row, out], name)
 
 
-def _bwd_inputs(key: NormKey, N):
+def _bwd_inputs(key: NormKey, N, H=None):
     c = TVM_DTYPE[key.ctype]
-    H = key.hidden_size
+    H = key.hidden_size if H is None else H
     dy = te.placeholder((N, H), TVM_DTYPE[key.otype], name="dy")
     x = te.placeholder((N, H), TVM_DTYPE[key.itype], name="x")
     mu = te.placeholder((N,), c, name="mu") if key.norm == "layernorm" else None
@@ -203,12 +209,16 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
     One reduction block with an s axis computes both (TVM's tuple reductions miscompile bf16 on
     llvm), so dy and x are read once for both sums."""
     c, up, gamma = _loaders(key)
-    H = key.hidden_size
     N = _rows(rows)
-    dy, x, mu, rs = _bwd_inputs(key, N)
+    # one index dtype for every axis (int64 with the symbolic n): the CUDA schedule transforms
+    # the layout of the partial sums' buffer, which refuses mixed index dtypes, and its thread
+    # loops over columns must have the dtype of the other stages' thread loops
+    idx = "int64" if isinstance(N, tirx.Var) else "int32"
+    H = tirx.const(key.hidden_size, idx)
+    dy, x, mu, rs = _bwd_inputs(key, N, H)
     w = te.placeholder((H,), TVM_DTYPE[key.wtype], name="gamma")
     g = gamma(w)
-    inv_h = tirx.const(1.0 / H, c)
+    inv_h = tirx.const(1.0 / key.hidden_size, c)
     xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
             else (lambda i, j: up(x[i, j]) * rs[i]))
     dyg = lambda i, j: up(dy[i, j]) * g(j)  # noqa: E731
@@ -251,7 +261,8 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
     # guarded inside, and their row index is clamped so that every access stays in bounds even
     # where a schedule stages the operands before the guard (a vector load into registers)
     last = N - 1
-    part = te.compute((2 if mu is not None else 1, Q, H), lambda s_, q, j: te.sum(te.if_then_else(
+    shape = (tirx.const(2 if mu is not None else 1, idx), Q, H)
+    part = te.compute(shape, lambda s_, q, j: te.sum(te.if_then_else(
         q * T + t < N, term(s_, tirx.min(q * T + t, last), j), zero), axis=t), name="part")
     func = _func(ins + [out, part], name)
     return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)

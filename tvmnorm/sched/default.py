@@ -7,7 +7,7 @@ values from a heuristic, so fallback and tuned kernels have the same structure.
 from __future__ import annotations
 
 from .._tvm import Schedule
-from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
+from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -19,18 +19,20 @@ def _pow2_at_least(v: int) -> int:
     return p
 
 
-def cuda_row_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
+def cuda_row_heuristic(hidden: int, elem_bytes: int, vectors_per_thread: int = 8) -> CudaRowConfig:
     """Vector width: the widest of 16/8/4/2/1 bytes that divides the row, so every thread's
     chunk is aligned (TE's rule: hidden * size % (threads * bytes_per_load) == 0 for no tail).
-    Threads: enough that each thread holds <= 8 vectors, one warp at least when the row has
-    the work, at most 1024. Small rows share a block so that a block has >= 128 threads."""
+    Threads: enough that each thread holds <= ``vectors_per_thread`` vectors (8; 2 in the fused
+    dx kernel, whose threads also keep a running sum per element in registers), one warp at
+    least when the row has the work, at most 1024. Small rows share a block so that a block
+    has >= 128 threads."""
     vec = 1
     for nbytes in (16, 8, 4, 2):
         if (hidden * elem_bytes) % nbytes == 0 and nbytes // elem_bytes >= 1 and nbytes % elem_bytes == 0:
             vec = nbytes // elem_bytes
             break
     vectors = -(-hidden // vec)
-    threads = min(1024, max(32, _pow2_at_least(-(-vectors // 8))))
+    threads = min(1024, max(32, _pow2_at_least(-(-vectors // vectors_per_thread))))
     if vectors < 32:
         threads = max(4, _pow2_at_least(vectors))
     rows = max(1, min(1024 // threads, 128 // threads)) if threads < 128 else 1
@@ -124,7 +126,8 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
     hidden = _hidden_of(func, part)
     if target_kind == "cuda":
         if part in ROW_PARTS:
-            return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
+            fused = part == "dx" and is_fused(func)
+            return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes, 2 if fused else 8))
         return {"wgrad": _cuda_wgrad, "finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))

@@ -84,6 +84,11 @@ def _part_block(sch):
     return None
 
 
+def is_fused(func) -> bool:
+    """Whether a dx PrimFunc also writes the weight-gradient partials (it carries T)."""
+    return func.attrs is not None and ROWS_PER_PARTIAL_ATTR in func.attrs
+
+
 def _rows_per_partial(sch) -> int:
     attrs = sch.mod["main"].attrs
     if attrs is None or ROWS_PER_PARTIAL_ATTR not in attrs:
@@ -147,16 +152,27 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     reduction and the output stage (a barrier inside the row-tail predicate is illegal, and a
     global rsigma written by one thread and read by others would race). Only the stores of
     per-row outputs are done by one thread.
+
+    In the fused dx kernel (a ``part`` block) the unit of a (threadIdx.y, blockIdx.x) lane is a
+    chunk of T rows instead of one row: the lane walks the chunk's rows serially and keeps the
+    running dgamma/dbeta sums in registers (``_cuda_partials``); ``rows`` counts chunks per
+    block there.
     """
     sch = sch or Schedule(func)
-    if _part_block(sch) is not None:
-        # see FUSED_BWD in compute/norms.py: slower than dx + wgrad on the H200
-        raise ValueError("the fused dx kernel (with dgamma/dbeta partials) is not scheduled for CUDA")
-    anchor = _anchor(sch)
-    bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+    part = _part_block(sch)
+    if part is None:
+        anchor = _anchor(sch)
+        bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
+        blocks = _gather_under(sch, anchor, ty)
+        depth = 2
+    else:
+        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if b != part
+                  and sch.get(b).name_hint != PART_BLOCK]
+        q, _ = _chunk_rows(sch, blocks, part)
+        bx, ty = sch.split(q, [None, cfg.rows])
+        depth = 3  # (block, chunk lane, row of the chunk)
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
-    blocks = _gather_under(sch, anchor, ty)
     for blk in blocks:
         scope = sch.get(blk).writes[0].source.scope()
         if not is_output(sch, blk) and scope == "global":
@@ -166,7 +182,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         two_d = len(sch.get(blk).iter_vars) == 2
         if not two_d and scope == "local" and not is_reduction(sch, blk):
             continue  # a per-row scalar computed by every thread of the row
-        loop = _inner_loop(sch, blk, 2)
+        loop = _inner_loop(sch, blk, depth)
         vec = cfg.vec if two_d else 1
         outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
         sch.reorder(tx, outer, v)
@@ -177,7 +193,55 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             _vector_io(sch, blk, outer)
         sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
         sch.annotate(outer, "pragma_unroll_explicit", 1)
+    if part is not None:
+        _cuda_partials(sch, ty, cfg)
     return sch
+
+
+def _cuda_partials(sch, lane, cfg: CudaRowConfig):
+    """The fused dx kernel's running sums in registers. Each thread owns the columns
+    j = (o * threads + threadIdx.x) * vec + v of its chunk (the columns it also handles in the
+    dx stages), accumulates dy*xhat (and dy) for them over the chunk's rows, and stores them to
+    its partial row once, after the row walk.
+
+    TVM alone cannot place them in registers: the sums must live across the row loop, which
+    holds every stage's own threadIdx.x loop, so the buffer is allocated above the thread
+    loops, and CompactBufferAllocation relaxes every loop below an allocation, thread-bound
+    ones included: the per-thread buffer came out as the whole row (S*H floats of local
+    memory, read-modified-written in L1/L2 per row: slower than two passes on the H200). The
+    layout transform below drops the threadIdx.x component from the buffer's index,
+    (s, j) -> (s, j // (threads*vec), j % vec). That is not injective over the whole row,
+    which is why TVM must be told to assume it is: a "local" buffer is private to each thread
+    after lowering, and within one thread the map is injective, so each thread gets
+    S * ceil(H / (threads*vec)) * vec floats with constant indices (unrolled loops), which
+    nvcc keeps in registers. (Shared memory was tried too: ThreadSync cannot see that each
+    thread touches only its own elements and put a barrier between every pair of accesses.)
+
+    The map is a constant of the trace, so ``threads`` and ``vec`` must be plain ints here
+    (the design space makes them structural variants for the fused kernel)."""
+    threads, vec = cfg.threads, cfg.vec
+    if not (isinstance(threads, int) and isinstance(vec, int)):
+        raise TypeError("the fused dx kernel's threads and vec must be plain ints: the register "
+                        "layout of the partial sums depends on them")
+    part = sch.get_sblock(PART_BLOCK)
+    acc = sch.cache_write(part, 0, "local")
+    sch.reverse_compute_at(acc, lane, preserve_unit_loops=True)
+    part = sch.get_sblock(PART_BLOCK)
+    s_, j = sch.get_loops(part)[3:]
+    o, tx, v = sch.split(j, [None, threads, vec])
+    sch.reorder(tx, s_, o, v)
+    sch.bind(tx, "threadIdx.x")
+    for lp in (s_, o, v):
+        sch.unroll(lp)  # constant register indices
+    s2, q2, j2 = sch.get_loops(acc)[2:]
+    o2, tx2, v2 = sch.split(j2, [None, threads, vec])
+    sch.reorder(tx2, s2, q2, o2, v2)
+    sch.bind(tx2, "threadIdx.x")
+    for lp in (s2, o2, v2):
+        sch.unroll(lp)
+    step = threads * vec
+    sch.transform_layout(part, ("write", 0), lambda s, q, jj: (s, jj // step, jj % vec),
+                         assume_injective_transform=True)
 
 
 def _cpu_rfactor(sch, blk, acc, vec):

@@ -25,12 +25,16 @@ vector accumulators per row reduction (1..8: the reductions are rfactored into l
 accumulators, so they are SIMD and not one latency-bound chain), unroll of the output loop, and
 rows per parallel task (for the fused bwd kernel: chunks of T rows per task, 1..4).
 
-The bwd row kernel ``dx`` has the same knobs. On llvm it also writes the dgamma/dbeta partials
-and the row schedule splits its rows into chunks of the key's static T (``rows_per_partial``),
-so ``rows`` counts chunks per task there.
+The bwd row kernel ``dx`` has the same knobs. It also writes the dgamma/dbeta partials and the
+row schedule splits its rows into chunks of the key's static T (``rows_per_partial``), so
+``rows`` counts chunks per task (llvm) or per block (cuda) there. On CUDA each thread keeps its
+columns' running sums in registers, whose layout depends on threads and vec: there each
+(threads, vec) pair is its own design space (``fused_cuda_variants``, pruned to <= 64 sums per
+thread), and rows per block and unroll are sampled within it.
 """
 from __future__ import annotations
 
+from ..compute.norms import FUSED_BWD
 from ..key import DTYPE_BYTES, NormKey
 from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
 
@@ -62,15 +66,41 @@ def _categorical(sch, choices):
     return sch.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
 
 
-def cuda_space(key: NormKey):
+def cuda_space(key: NormKey, threads=None, vec=None):
+    """The CUDA row space; ``threads`` and ``vec`` fixed (plain ints) make it one structural
+    variant of the fused dx kernel, where they decide the register layout of the partial sums
+    (a constant of the trace, see _cuda_partials)."""
     def space(sch):
-        threads = _categorical(sch, cuda_thread_choices(key))
+        t = threads if threads is not None else _categorical(sch, cuda_thread_choices(key))
         rows = _categorical(sch, ROWS)
-        vec = _categorical(sch, cuda_vec_choices(key))
+        v = vec if vec is not None else _categorical(sch, cuda_vec_choices(key))
         unroll = _categorical(sch, UNROLL)
-        schedule_rows_cuda(None, CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=unroll), sch=sch)
+        schedule_rows_cuda(None, CudaRowConfig(threads=t, rows=rows, vec=v, unroll=unroll), sch=sch)
         return sch
     return space
+
+
+# Running sums one thread of the fused dx kernel may keep in registers (S * elements per
+# thread): 64 leaves room for the row's loads under the 255-register limit (nvcc: LayerNorm 7168
+# at 128 threads x 8, 112 sums, took 168 registers and one block of 128 threads per 1.3K regs).
+FUSED_SUMS_PER_THREAD = 64
+
+
+def fused_cuda_variants(key: NormKey) -> list:
+    """(threads, vec) pairs of the fused dx kernel, few enough that a tuning budget of 32
+    candidates samples each several times: the two widest vector widths, and thread counts that
+    give every thread 1 to 4 vectors of the row with its running sums within
+    FUSED_SUMS_PER_THREAD (and a block of them within 1024 threads)."""
+    s = 2 if key.norm == "layernorm" else 1
+    h = key.hidden_size
+    out = []
+    for vec in cuda_vec_choices(key)[-2:]:
+        for threads in cuda_thread_choices(key):
+            vectors = -(-h // (threads * vec))
+            if 1 <= vectors <= 4 and threads * vec <= max(h, 4 * vec) and s * vectors * vec <= FUSED_SUMS_PER_THREAD:
+                out.append((threads, vec))
+    # very wide rows (65536) have no pair within the limit: the widest one, spilling if it must
+    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1])]
 
 
 def llvm_choices(key: NormKey) -> dict:
@@ -108,6 +138,8 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # A second variant staging the row in shared memory (x read from HBM once) was tried and
     # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
     # then depends on the row count and cannot be vectorised).
+    if key.stage in ("bwd", "bwd_add") and FUSED_BWD["cuda"]:
+        return [cuda_space(key, t, v) for t, v in fused_cuda_variants(key)]
     return [cuda_space(key)]
 
 
