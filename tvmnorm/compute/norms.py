@@ -258,12 +258,14 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
         gx = up(dy[i, j]) * xhat(i, j)
         return gx if mu is None else te.if_then_else(s_ == 0, gx, up(dy[i, j]))
     # te.sum(where=) would be dropped by create_prim_func: the tail rows of the last chunk are
-    # guarded inside, and their row index is clamped so that every access stays in bounds even
-    # where a schedule stages the operands before the guard (a vector load into registers)
-    last = N - 1
+    # guarded inside. On llvm their row index is also clamped, so that every access stays in
+    # bounds where the vectoriser evaluates both sides of the guard. The CUDA schedule reads dy
+    # and x through the register copy that the dx stages share, loaded under the row guard, so
+    # there the index is the dx stages' own (one region for the shared copy).
+    row = (lambda q, t_: tirx.min(q * T + t_, N - 1)) if kind != "cuda" else (lambda q, t_: q * T + t_)
     shape = (tirx.const(2 if mu is not None else 1, idx), Q, H)
     part = te.compute(shape, lambda s_, q, j: te.sum(te.if_then_else(
-        q * T + t < N, term(s_, tirx.min(q * T + t, last), j), zero), axis=t), name="part")
+        q * T + t < N, term(s_, row(q, t), j), zero), axis=t), name="part")
     func = _func(ins + [out, part], name)
     return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)
 

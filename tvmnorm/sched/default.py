@@ -6,7 +6,10 @@ values from a heuristic, so fallback and tuned kernels have the same structure.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .._tvm import Schedule
+from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
 
 ROW_PARTS = ("fwd", "dx")
@@ -37,6 +40,21 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int, vectors_per_thread: int = 8
         threads = max(4, _pow2_at_least(vectors))
     rows = max(1, min(1024 // threads, 128 // threads)) if threads < 128 else 1
     return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256)
+
+
+def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
+    """The row heuristic with at most 2 vectors per thread (each thread also keeps a running sum
+    per element), and as many rows loaded at once (prefetch, up to 8) as fit 96 registers of
+    sums and rows, within what the block size leaves a thread (see fused_registers)."""
+    from .space import fused_register_limit, fused_registers
+    cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
+    s = int(func.params[-1].shape[0])  # part[S, q, H]
+    per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
+    t = int(func.attrs[ROWS_PER_PARTIAL_ATTR])
+    limit = fused_register_limit(cfg.threads * cfg.rows, cap=96)
+    prefetch = next(u for u in (8, 4, 2, 1)
+                    if t % u == 0 and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
+    return dataclasses.replace(cfg, prefetch=prefetch)
 
 
 def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
@@ -126,8 +144,9 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
     hidden = _hidden_of(func, part)
     if target_kind == "cuda":
         if part in ROW_PARTS:
-            fused = part == "dx" and is_fused(func)
-            return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes, 2 if fused else 8))
+            if part == "dx" and is_fused(func):
+                return schedule_rows_cuda(func, fused_cuda_heuristic(func, hidden, itype_bytes))
+            return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
         return {"wgrad": _cuda_wgrad, "finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))

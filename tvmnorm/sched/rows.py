@@ -5,6 +5,10 @@ an elementwise output over the row. The schedule maps rows to CUDA blocks (or CP
 every stage of a row under that row loop, and splits each stage's hidden loop over threads
 (CUDA) or vector lanes (CPU). Per-row reductions become warp-shuffle allreduces on CUDA.
 
+On CUDA the fused dx kernel's chunk is walked by one block lane (threadIdx.y): its rows are
+loaded ``prefetch`` at a time into registers that every stage reads, and the running sums stay
+in registers (``_cuda_row_registers``, ``_cuda_partials``).
+
 On llvm the dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j]
 sums chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
 dx chain goes under t, the partial block's loops are reordered to (q, t, s, j) and its q and t
@@ -32,6 +36,7 @@ class CudaRowConfig:
     rows: int = 1             # rows per block (threadIdx.y)
     vec: int = 1              # consecutive elements per thread per step (vector width)
     unroll: int = 256         # pragma_auto_unroll_max_step on the per-thread loop
+    prefetch: int = 1         # fused dx only: rows of a chunk loaded into registers at once
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -125,13 +130,13 @@ def _gather_under(sch, anchor, loop):
     return [sch.get_sblock(n) for n in names]
 
 
-def _vector_io(sch, blk, outer):
+def _vector_io(sch, blk, outer, skip=()):
     """Stage a thread's `vec` consecutive elements of each 2-D operand in registers, so the
     global accesses are single vector loads/stores while the fp32 math on them stays scalar.
     (consumer_blocks names only ``blk`` itself: Trace.simplified() drops block RVs that appear
     nowhere but inside consumer_blocks, and MetaSchedule could then not replay the trace.)"""
     names = [r.source.name for r in sch.get(blk).reads
-             if len(r.source.shape) == 2 and r.source.scope() == "global"]
+             if len(r.source.shape) == 2 and r.source.scope() == "global" and r.source.name not in skip]
     for name in names:
         idx = [r.source.name for r in sch.get(blk).reads].index(name)
         cache = sch.cache_read(blk, idx, "local", consumer_blocks=[blk])
@@ -168,9 +173,11 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     else:
         blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if b != part
                   and sch.get(b).name_hint != PART_BLOCK]
-        q, _ = _chunk_rows(sch, blocks, part)
+        q, t = _chunk_rows(sch, blocks, part)
         bx, ty = sch.split(q, [None, cfg.rows])
-        depth = 3  # (block, chunk lane, row of the chunk)
+        group, row = sch.split(t, [None, cfg.prefetch])
+        sch.unroll(row)  # the rows' registers are indexed by it: constant indices
+        depth = 4  # (block, chunk lane, group of rows, row of the group)
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     for blk in blocks:
@@ -190,12 +197,65 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # loads and stores are `vec` wide; the fp32 math on them stays scalar per element
         # (NVRTC rejects float32x8 arithmetic) and is unrolled
         if two_d:
-            _vector_io(sch, blk, outer)
-        sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
-        sch.annotate(outer, "pragma_unroll_explicit", 1)
+            _vector_io(sch, blk, outer, skip=ROW_OPERANDS if part is not None else ())
+        if part is not None:
+            # they index the row registers: constant indices, whatever `unroll`
+            sch.unroll(outer)
+            sch.unroll(v)
+        else:
+            sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
+            sch.annotate(outer, "pragma_unroll_explicit", 1)
     if part is not None:
+        _cuda_row_registers(sch, group, cfg)
         _cuda_partials(sch, ty, cfg)
     return sch
+
+
+# The fused dx kernel's operands that every stage of a row reads (the reductions, dx and the
+# partial sums): loaded once into registers shared by all of them.
+ROW_OPERANDS = ("dy", "x")
+
+
+def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
+    """The index map that drops the threadIdx.x component of a column, for per-thread register
+    buffers: (..., j) -> (..., j // (threads*vec), j % vec), and with ``rows`` also the row's
+    place outside its group of ``prefetch`` rows, (i, j) -> (i % prefetch, ...) (T is a
+    multiple of prefetch, so a group's rows are distinct mod prefetch; left to compaction, a
+    row with a column tail came out as min(n, prefetch) rows, which CUDA codegen cannot
+    allocate). See _cuda_partials for why TVM must be told to assume the map injective."""
+    threads, vec, group = cfg.threads, cfg.vec, cfg.prefetch
+    if not all(isinstance(v, int) for v in (threads, vec, group)):
+        raise TypeError("the fused dx kernel's threads, vec and prefetch must be plain ints: the "
+                        "register layout of its row operands and partial sums depends on them")
+    step = threads * vec
+    if rows:
+        return lambda i, j: (i % group, j // step, j % vec)
+    return lambda *idx: (*idx[:-1], idx[-1] // step, idx[-1] % vec)
+
+
+def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
+    """Load ``prefetch`` rows of dy and x into registers at the top of each group of rows, one
+    16-byte vector load per thread and vector, and let every stage (the row reductions, dx, the
+    partial sums) read them from there: each element is read from memory once, and the loads of
+    the group's rows are all in flight before the first reduction's barrier. A chunk is walked
+    serially, so without the group the kernel had one row in flight per chunk (512 chunks of
+    ~4 KB at hidden 1024: 2 MB, a quarter of what the H200 needs to reach copy bandwidth)."""
+    layout = _thread_layout(cfg, rows=True)
+    root = sch.get_sblock("root")
+    for name in ROW_OPERANDS:
+        readers = [b for b in sch.get_child_blocks(root)
+                   if any(r.source.name == name for r in sch.get(b).reads)]
+        idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
+        cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
+        sch.compute_at(cache, group, preserve_unit_loops=True)
+        rows, cols = sch.get_loops(cache)[-2:]
+        o, tx, v = sch.split(cols, [None, cfg.threads, cfg.vec])
+        sch.reorder(tx, rows, o, v)
+        sch.bind(tx, "threadIdx.x")
+        sch.unroll(rows)
+        sch.unroll(o)
+        sch.vectorize(v)
+        sch.transform_layout(cache, ("write", 0), layout, assume_injective_transform=True)
 
 
 def _cuda_partials(sch, lane, cfg: CudaRowConfig):
@@ -219,15 +279,13 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
 
     The map is a constant of the trace, so ``threads`` and ``vec`` must be plain ints here
     (the design space makes them structural variants for the fused kernel)."""
+    layout = _thread_layout(cfg)
     threads, vec = cfg.threads, cfg.vec
-    if not (isinstance(threads, int) and isinstance(vec, int)):
-        raise TypeError("the fused dx kernel's threads and vec must be plain ints: the register "
-                        "layout of the partial sums depends on them")
     part = sch.get_sblock(PART_BLOCK)
     acc = sch.cache_write(part, 0, "local")
     sch.reverse_compute_at(acc, lane, preserve_unit_loops=True)
     part = sch.get_sblock(PART_BLOCK)
-    s_, j = sch.get_loops(part)[3:]
+    s_, j = sch.get_loops(part)[4:]
     o, tx, v = sch.split(j, [None, threads, vec])
     sch.reorder(tx, s_, o, v)
     sch.bind(tx, "threadIdx.x")
@@ -239,9 +297,7 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
     sch.bind(tx2, "threadIdx.x")
     for lp in (s2, o2, v2):
         sch.unroll(lp)
-    step = threads * vec
-    sch.transform_layout(part, ("write", 0), lambda s, q, jj: (s, jj // step, jj % vec),
-                         assume_injective_transform=True)
+    sch.transform_layout(part, ("write", 0), layout, assume_injective_transform=True)
 
 
 def _cpu_rfactor(sch, blk, acc, vec):

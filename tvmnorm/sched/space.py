@@ -28,9 +28,9 @@ rows per parallel task (for the fused bwd kernel: chunks of T rows per task, 1..
 The bwd row kernel ``dx`` has the same knobs. It also writes the dgamma/dbeta partials and the
 row schedule splits its rows into chunks of the key's static T (``rows_per_partial``), so
 ``rows`` counts chunks per task (llvm) or per block (cuda) there. On CUDA each thread keeps its
-columns' running sums in registers, whose layout depends on threads and vec: there each
-(threads, vec) pair is its own design space (``fused_cuda_variants``, pruned to <= 64 sums per
-thread), and rows per block and unroll are sampled within it.
+columns' running sums and ``prefetch`` rows of dy and x in registers, whose layout depends on
+threads, vec and prefetch: there each triple is its own design space (``fused_cuda_variants``,
+pruned to what fits FUSED_REGISTERS), and rows per block is sampled within it.
 """
 from __future__ import annotations
 
@@ -66,41 +66,66 @@ def _categorical(sch, choices):
     return sch.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
 
 
-def cuda_space(key: NormKey, threads=None, vec=None):
-    """The CUDA row space; ``threads`` and ``vec`` fixed (plain ints) make it one structural
-    variant of the fused dx kernel, where they decide the register layout of the partial sums
-    (a constant of the trace, see _cuda_partials)."""
+def cuda_space(key: NormKey, fused=None):
+    """The CUDA row space. ``fused`` = (threads, vec, prefetch), plain ints, makes it one
+    structural variant of the fused dx kernel: they decide the register layout of its row
+    operands and partial sums (a constant of the trace, see _thread_layout), and its loops over
+    registers are unrolled whatever the unroll knob, so only rows per block is sampled there."""
     def space(sch):
-        t = threads if threads is not None else _categorical(sch, cuda_thread_choices(key))
         rows = _categorical(sch, ROWS)
-        v = vec if vec is not None else _categorical(sch, cuda_vec_choices(key))
-        unroll = _categorical(sch, UNROLL)
-        schedule_rows_cuda(None, CudaRowConfig(threads=t, rows=rows, vec=v, unroll=unroll), sch=sch)
+        if fused is not None:
+            threads, vec, prefetch = fused
+            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch)
+        else:
+            cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
+                                vec=_categorical(sch, cuda_vec_choices(key)),
+                                unroll=_categorical(sch, UNROLL))
+        schedule_rows_cuda(None, cfg, sch=sch)
         return sch
     return space
 
 
-# Running sums one thread of the fused dx kernel may keep in registers (S * elements per
-# thread): 64 leaves room for the row's loads under the 255-register limit (nvcc: LayerNorm 7168
-# at 128 threads x 8, 112 sums, took 168 registers and one block of 128 threads per 1.3K regs).
-FUSED_SUMS_PER_THREAD = 64
+# Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
+# rows (``fused_registers``); nvcc needs the rest for addresses and the math.
+FUSED_REGISTERS = 128
+PREFETCH = (1, 2, 4, 8)
+
+
+def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int) -> int:
+    """Registers for S running sums per element and ``prefetch`` rows of dy and x (two
+    tensors of ``elem_bytes`` per element: a bf16 pair is one register, an fp32 pair two)."""
+    return s * per_thread + prefetch * per_thread * elem_bytes // 2
+
+
+def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
+    """What the sums and rows may take in a block of ``threads``: 64K registers per SM shared
+    by the block's threads (__launch_bounds__ caps a 1024-thread block at 64 each), less ~40
+    for addresses and the math."""
+    return min(cap, 65536 // threads - 40)
 
 
 def fused_cuda_variants(key: NormKey) -> list:
-    """(threads, vec) pairs of the fused dx kernel, few enough that a tuning budget of 32
-    candidates samples each several times: the two widest vector widths, and thread counts that
-    give every thread 1 to 4 vectors of the row with its running sums within
-    FUSED_SUMS_PER_THREAD (and a block of them within 1024 threads)."""
+    """(threads, vec, prefetch) triples of the fused dx kernel: the two widest vector widths,
+    thread counts that give every thread 1 to 4 vectors of the row (and a block of them within
+    1024 threads), and rows loaded per group such that the sums and the rows fit the register
+    limit (prefetch dividing the chunk)."""
+    from ..compute.norms import rows_per_partial
     s = 2 if key.norm == "layernorm" else 1
     h = key.hidden_size
+    t = rows_per_partial(key, "cuda")
+    size = DTYPE_BYTES[key.itype]
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
         for threads in cuda_thread_choices(key):
             vectors = -(-h // (threads * vec))
-            if 1 <= vectors <= 4 and threads * vec <= max(h, 4 * vec) and s * vectors * vec <= FUSED_SUMS_PER_THREAD:
-                out.append((threads, vec))
-    # very wide rows (65536) have no pair within the limit: the widest one, spilling if it must
-    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1])]
+            if not (1 <= vectors <= 4 and threads * vec <= max(h, 4 * vec)):
+                continue
+            for prefetch in PREFETCH:
+                regs = fused_registers(s, vectors * vec, prefetch, size)
+                if t % prefetch == 0 and (regs <= fused_register_limit(threads) or prefetch == 1):
+                    out.append((threads, vec, prefetch))
+    # very wide rows (65536) have no triple within the limit: the widest one, spilling if it must
+    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1)]
 
 
 def llvm_choices(key: NormKey) -> dict:
@@ -139,7 +164,7 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
     # then depends on the row count and cannot be vectorised).
     if key.stage in ("bwd", "bwd_add") and FUSED_BWD["cuda"]:
-        return [cuda_space(key, t, v) for t, v in fused_cuda_variants(key)]
+        return [cuda_space(key, fused) for fused in fused_cuda_variants(key)]
     return [cuda_space(key)]
 
 
