@@ -57,16 +57,16 @@ def keys_from_args(args) -> list:
     return list(dict.fromkeys(keys))
 
 
-def _records_for(kind):
+def _records_for(kind, root=None):
     from .tune import load_records
-    return load_records(kind)
+    return load_records(kind, root)
 
 
 def cmd_build(args):
     from .build import build_library
     from .runtime import DEFAULT_LIBRARY_ROOT
     keys = keys_from_args(args)
-    records = {} if args.no_tuned else _records_for(args.target)
+    records = {} if args.no_tuned else _records_for(args.target, args.schedules)
     if args.tuned_only:
         keys = [NormKey.unpack(p) for p in records]
     out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
@@ -126,6 +126,8 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="library directory (default: the package's)")
     p.add_argument("--no-tuned", action="store_true", help="ignore schedules/ (default schedules only)")
     p.add_argument("--tuned-only", action="store_true", help="only the keys that have tuned records")
+    p.add_argument("--schedules", default=None,
+                   help="directory of <target-arch>.json records (default: the committed schedules/)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="list the keys in a library")
