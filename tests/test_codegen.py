@@ -48,7 +48,7 @@ def kernels_of(src: str) -> list:
                                  NormKey(stage="bwd_add", hidden_size=4096),
                                  NormKey(norm="layernorm", stage="bwd", hidden_size=7168)], ids=lambda k: k.name)
 def test_cuda_bwd_keeps_the_partial_sums_in_registers(key):
-    """CUDA runs the one-pass backward (FUSED_BWD): dx (with the dgamma/dbeta partials of each
+    """CUDA runs the one-pass backward: dx (with the dgamma/dbeta partials of each
     chunk of rows), then finalize. Each thread's running sums are a small local array indexed
     only by constants (registers, not S*H floats of local memory as TVM laid them out before the
     layout transform), stored once after the row walk. No atomics anywhere."""

@@ -126,7 +126,10 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
-    """The backward around the wgrad partial count (32 partial rows for hidden >= 4096: one row
-    per partial, a full set, one partial with two rows) and at the training token count."""
+    """The one-pass backward around its chunk of T = 32 rows (a chunk one row short, exactly one,
+    a second chunk of one row; with 4 or 8 rows prefetched per group, 31 and 33 also leave a
+    partial group) and at the training token count."""
+    from tvmnorm.compute.norms import rows_per_partial
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    assert rows_per_partial(key, "cuda") == 32, "the row counts above are chosen around T"
     run_and_check(cuda_kernels, key, rows, rng, seed)

@@ -182,8 +182,7 @@ def test_fused_bwd_many_chunks(kernels, norm, stage, rng, seed):
     run_and_check(kernels, key, rows, rng, seed)
 
 
-def test_partials_are_one_per_chunk(monkeypatch):
-    from tvmnorm.compute import norms
+def test_partials_are_one_per_chunk():
     from tvmnorm.compute.norms import rows_per_partial
     from tvmnorm.runtime import partials
     for kind in ("llvm", "cuda"):
@@ -194,31 +193,13 @@ def test_partials_are_one_per_chunk(monkeypatch):
             assert [partials(r, key, kind) for r in (1, t - 1, t, t + 1, 10 * t)] == [1, 1, 1, 2, 10]
     with pytest.raises(ValueError, match="target"):
         rows_per_partial(NormKey(stage="bwd"), "rocm")
-    monkeypatch.setitem(norms.FUSED_BWD, "cuda", False)
-    with pytest.raises(ValueError, match="not fused"):
-        rows_per_partial(NormKey(stage="bwd"), "cuda")
 
 
-def test_unfused_cuda_partials_depend_only_on_the_shape(monkeypatch):
-    """The unfused CUDA backward's wgrad partial count: >= 32 partial rows (or one per row),
-    more for narrow rows, never more than the rows, and 1 for no rows (wgrad zero-fills it)."""
-    from tvmnorm.compute import norms
-    from tvmnorm.runtime import partials
-    monkeypatch.setitem(norms.FUSED_BWD, "cuda", False)
-    key = NormKey(stage="bwd", hidden_size=4096)
-    assert [partials(r, key, "cuda") for r in (0, 1, 31, 16384)] == [1, 1, 31, 32]
-    assert partials(524288, NormKey(stage="bwd", hidden_size=128), "cuda") == 1024
-
-
-@pytest.mark.parametrize("fused", (True, False))
 @pytest.mark.parametrize("kind", ("llvm", "cuda"))
-def test_backward_kernels_per_target(kind, fused, monkeypatch):
-    """One pass (dx with partials, finalize) where FUSED_BWD says so (both targets); dx, wgrad,
-    finalize otherwise."""
-    from tvmnorm.compute import kernel_funcs, norms
-    monkeypatch.setitem(norms.FUSED_BWD, kind, fused)
+def test_backward_kernels_per_target(kind):
+    """One pass (dx with partials, then finalize) on both targets."""
+    from tvmnorm.compute import kernel_funcs
     funcs = kernel_funcs(NormKey(norm="layernorm", stage="bwd", hidden_size=1000), kind)
-    want = ["dx", "finalize"] if fused else ["dx", "wgrad", "finalize"]
-    assert list(funcs) == want
+    assert list(funcs) == ["dx", "finalize"]
     dx_outputs = [p.name for p in funcs["dx"].params][-2:]
-    assert dx_outputs == (["dx", "part"] if fused else ["gamma", "dx"])
+    assert dx_outputs == ["dx", "part"]

@@ -56,15 +56,12 @@ def signature(key: NormKey) -> list:
 
 
 def partials(rows: int, key: NormKey, kind: str) -> int:
-    """How many dgamma/dbeta partial rows the backward writes. Fused (llvm): one per chunk of
-    T = rows_per_partial(key, kind) rows of the dx kernel. Unfused (cuda): the wgrad kernel's
-    partial count, enough (partial row x 128 columns) blocks to fill 132 SMs several times over.
-    It depends only on the shape, key and target, and the partials are summed in a fixed order
-    (no atomics), so dgamma is bitwise reproducible."""
-    from .compute.norms import FUSED_BWD, num_partials, rows_per_partial
-    if FUSED_BWD[kind]:
-        return num_partials(rows, rows_per_partial(key, kind))
-    return max(1, min(rows, max(32, (1 << 17) // max(key.hidden_size, 1))))
+    """How many dgamma/dbeta partial rows the backward writes: one per chunk of
+    T = rows_per_partial(key, kind) rows of the dx kernel. It depends only on the shape, key and
+    target, and the partials are summed in a fixed order (no atomics), so dgamma is bitwise
+    reproducible."""
+    from .compute.norms import num_partials, rows_per_partial
+    return num_partials(rows, rows_per_partial(key, kind))
 
 
 def _alloc(like, shape, dtype: str, zero: bool = False):
@@ -130,13 +127,7 @@ class NormKernel:
         stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
         s = 2 if ln else 1
         dx_args = [a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"]]
-        if "wgrad" in self._f:
-            # two passes: dx, then the partials (wgrad initialises them, also for no rows)
-            if rows > 0 or self.kind != "cuda":  # CUDA rejects an empty grid
-                self._f["dx"](*dx_args)
-            part = _alloc(a["x"], (s, partials(rows, self.key, self.kind), self.key.hidden_size), self._ctype)
-            self._f["wgrad"](a["dy"], a["x"], *stats, part)
-        elif rows == 0:
+        if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a
             # zero-extent partial array is refused: torch gives it strides that are not the
             # compact ones TVM checks)

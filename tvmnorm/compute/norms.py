@@ -13,19 +13,22 @@ fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row
 amax       amax_row[n] -> amax[1]                                    (fp8 fwd only)
 dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H], part[1,q,H]
            layernorm  dy, x, mu, rsigma, gamma, (dz), dx, part[2,q,H]   (dz only for bwd_add)
-           (on cuda without part: see FUSED_BWD)
-wgrad      rmsnorm    dy, x, rsigma, part[1,p,H]                        (cuda only)
-           layernorm  dy, x, mu, rsigma, part[2,p,H]
 finalize   part[s,q,H] -> dgamma[H] (, dbeta[H]) in wtype
 
-On llvm the backward is one pass over dy and x: the ``dx`` kernel also writes the weight-gradient
-partials, part[0] for dgamma and (LayerNorm) part[1] for dbeta. Rows are cut into chunks of a
-static T rows (``rows_per_partial``), q = ceildiv(n, T) of them, and partial row q is the sum of
-the chunk's rows q*T .. q*T+T-1 (< n), so the task that walks a chunk's rows for dx keeps the
-running sums next to it and writes one partial row per chunk. On cuda ``wgrad`` reads dy and x a
-second time and sums rows q, q+p, q+2p, ... into partial row q (p symbolic, chosen by the
-runtime). ``finalize`` sums the partials in a fixed order. No atomics: the result is bitwise
+The backward is one pass over dy and x on both targets: the ``dx`` kernel also writes the
+weight-gradient partials, part[0] for dgamma and (LayerNorm) part[1] for dbeta. Rows are cut into
+chunks of a static T rows (``rows_per_partial``), q = ceildiv(n, T) of them, and partial row q is
+the sum of the chunk's rows q*T .. q*T+T-1 (< n), so the task (llvm) or thread group (cuda) that
+walks a chunk's rows for dx keeps the running sums next to it and writes one partial row per
+chunk. ``finalize`` sums the partials in a fixed order. No atomics: the result is bitwise
 reproducible for a given shape.
+
+A two-pass backward (dx, then a ``wgrad`` kernel re-reading dy and x) was the CUDA path until
+the CUDA row schedule kept each thread's running sums in registers (see _cuda_partials in
+sched/rows.py); on the H200 the one pass (default schedules) measured faster on 22 of the 24
+bf16 catalog shapes and within 5% on the other two (rmsnorm 5120: 0.46 vs 0.49 of copy
+bandwidth, 128: 0.36 vs 0.37; bench/results/h200-tuned.json against h200-tuned-run1.json), so
+it was removed.
 """
 from __future__ import annotations
 
@@ -35,16 +38,6 @@ from ..targets import KINDS
 
 KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
                 "bwd": ("dx", "finalize"), "bwd_add": ("dx", "finalize")}
-UNFUSED_BWD_PARTS = ("dx", "wgrad", "finalize")
-
-# Whether the dx kernel also writes the dgamma/dbeta partials (one pass over dy and x) on a
-# target. Both do: on llvm it is 1.2-2.5x faster than dx + wgrad. On cuda a first fused schedule
-# was slower on the H200 (bench/results/h200-tuned-run2-fused-bwd.json) because TVM sized each
-# thread's running sums as the whole row and kept them in memory; the CUDA row schedule now drops
-# the thread component from their layout (see _cuda_partials in sched/rows.py), so they are a
-# few registers per thread. The unfused kernels (dx without partials, wgrad) stay buildable:
-# set an entry to False to compare.
-FUSED_BWD = {"llvm": True, "cuda": True}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
 # definition to the schedule, which splits the row loop by it.
@@ -73,8 +66,6 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
     """
     if kind not in KINDS:
         raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
-    if not FUSED_BWD[kind]:
-        raise ValueError(f"the {kind} backward is not fused (dx + wgrad): it has no chunks of rows")
     h = key.hidden_size
     if kind == "cuda":
         return 32
@@ -112,9 +103,7 @@ def _to_fp8(v, otype: str, dt: str):
 
 
 def parts_of(key: NormKey, kind: str) -> tuple:
-    """The kernels of a key on a target kind, in call order."""
-    if key.stage in ("bwd", "bwd_add") and not FUSED_BWD[kind]:
-        return UNFUSED_BWD_PARTS
+    """The kernels of a key, in call order (the same on every target kind)."""
     return KERNEL_PARTS["fwd_fp8" if key.fp8_out else key.stage]
 
 
@@ -243,8 +232,6 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
         grad = lambda i, j: base(i, j) + up(dz[i, j])  # noqa: E731
     out = te.compute((N, H), lambda i, j: grad(i, j).astype(TVM_DTYPE[key.itype]), name="dx")
     ins = [dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra
-    if not FUSED_BWD[kind]:
-        return _func(ins + [out], name)
     T = rows_per_partial(key, kind)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
@@ -270,35 +257,9 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
     return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)
 
 
-def wgrad(key: NormKey, rows=None, name="wgrad"):
-    """The weight-gradient partials as a second pass over dy and x (cuda): partial row q sums
-    rows q, q+p, q+2p, ... for a symbolic partial count p chosen by the runtime."""
-    c, up, _ = _loaders(key)
-    H = key.hidden_size
-    N = _rows(rows)
-    P = te.var("p", "int64")
-    dy, x, mu, rs = _bwd_inputs(key, N)
-    xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
-            else (lambda i, j: up(x[i, j]) * rs[i]))
-    # at least one step, so the partials are initialised (to 0, by the guard) when there are no rows
-    steps = tirx.max(tirx.ceildiv(N, P), 1)  # P is symbolic, so this is an expression either way
-    zero = tirx.const(0.0, c)
-    t = te.reduce_axis((0, steps), name="t")
-
-    # part[0] accumulates dgamma, part[1] (LayerNorm) dbeta: one reduction block, so dy and x
-    # are read once for both (TVM's tuple reductions miscompile bf16 on llvm)
-    def term(s_, i, j):
-        gx = up(dy[i, j]) * xhat(i, j)
-        return gx if mu is None else te.if_then_else(s_ == 0, gx, up(dy[i, j]))
-    part = te.compute((2 if mu is not None else 1, P, H), lambda s_, q, j: te.sum(te.if_then_else(
-        t * P + q < N, term(s_, t * P + q, j), zero), axis=t), name="part")
-    return _func([dy, x] + ([mu] if mu is not None else []) + [rs, part], name)
-
-
 def finalize(key: NormKey, name="finalize"):
     """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype. The partial
-    count p is symbolic (ceildiv(rows, T) fused, the runtime's choice for wgrad); the runtime
-    passes one zero partial for no rows."""
+    count p = ceildiv(rows, T) is symbolic; the runtime passes one zero partial for no rows."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = te.var("p", "int64")
@@ -317,6 +278,5 @@ def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
     depends on it), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, rows, n), "amax": lambda n: amax(rows, n),
-             "dx": lambda n: dx(key, kind, rows, n), "wgrad": lambda n: wgrad(key, rows, n),
-             "finalize": lambda n: finalize(key, n)}
+             "dx": lambda n: dx(key, kind, rows, n), "finalize": lambda n: finalize(key, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

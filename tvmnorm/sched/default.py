@@ -72,22 +72,6 @@ def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
     return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=rows)
 
 
-def _cuda_wgrad(func):
-    """One thread per (partial row, column), coalesced over columns, rows walked serially with
-    the running sums (dgamma, and dbeta for LayerNorm) in registers, written to global once."""
-    sch = Schedule(func)
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    s, q, j, t = sch.get_loops(blk)
-    jo, ji = sch.split(j, [None, 128])
-    sch.reorder(q, jo, ji, t, s)
-    sch.bind(q, "blockIdx.y")
-    sch.bind(jo, "blockIdx.x")
-    sch.bind(ji, "threadIdx.x")
-    sch.unroll(s)
-    sch.reverse_compute_at(sch.cache_write(blk, 0, "local"), ji)
-    return sch
-
-
 FINALIZE_COLUMNS = 32   # threadIdx.x: one warp over 32 consecutive columns, 128-byte loads
 FINALIZE_LANES = 16     # threadIdx.y: lanes that split the partials of a column
 
@@ -147,7 +131,7 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
             if part == "dx" and is_fused(func):
                 return schedule_rows_cuda(func, fused_cuda_heuristic(func, hidden, itype_bytes))
             return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
-        return {"wgrad": _cuda_wgrad, "finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
+        return {"finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
     return {"finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)

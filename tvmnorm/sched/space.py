@@ -34,7 +34,6 @@ pruned to what fits FUSED_REGISTERS), and rows per block is sampled within it.
 """
 from __future__ import annotations
 
-from ..compute.norms import FUSED_BWD
 from ..key import DTYPE_BYTES, NormKey
 from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
 
@@ -163,7 +162,7 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # A second variant staging the row in shared memory (x read from HBM once) was tried and
     # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
     # then depends on the row count and cannot be vectorised).
-    if key.stage in ("bwd", "bwd_add") and FUSED_BWD["cuda"]:
+    if key.stage in ("bwd", "bwd_add"):
         return [cuda_space(key, fused) for fused in fused_cuda_variants(key)]
     return [cuda_space(key)]
 
