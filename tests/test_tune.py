@@ -249,3 +249,15 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
     assert time.time() - t0 < 10
     assert all(path is None and err.startswith("TimeoutError") for path, err in done)
     assert builder._pool is None  # killed, a fresh pool next round
+
+
+def test_search_population_follows_the_space_size():
+    """The population drawn each round is the space's size (32..256): the fused CUDA backward's
+    ~100 points over 12-20 design spaces took ~9 s per task and round to draw at 256."""
+    from tvmnorm.sched.space import ROWS, space_size
+    from tvmnorm.tune import _search
+    bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
+    assert space_size(bwd, "cuda") == len(design_spaces(bwd, "cuda")) * len(ROWS) < 256
+    assert _search(space_size(bwd, "cuda")).population_size == space_size(bwd, "cuda")
+    assert _search(space_size(NormKey(hidden_size=4096), "cuda")).population_size == 256
+    assert _search(space_size(NormKey(hidden_size=1000), "llvm")).population_size == 32

@@ -103,9 +103,10 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
     from ._tvm import IRModule, ms, target
     from .measure import InProcessBuilder, InProcessRunner
-    from .sched.space import space_fn
+    from .sched.space import space_fn, space_size
     tgt = target(target_spec(kind))
     funcs, owner = _tasks(keys, kind, rows)
+    strategy = _search(min(space_size(k, kind) for k in keys))
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
@@ -116,7 +117,7 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
                      max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
                      space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
-                     cost_model="xgb", strategy=_search(), seed=seed, num_tuning_cores=_search_cores(kind))
+                     cost_model="xgb", strategy=strategy, seed=seed, num_tuning_cores=_search_cores(kind))
     if not runner.measured:
         # every candidate of every task failed: a broken toolchain or device, not a bad space;
         # going on would spend the whole budget (one GPU lease) learning nothing
@@ -164,15 +165,19 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> tuple:
     raise TuningBroken("preflight failed:\n" + "\n".join(failures))
 
 
-def _search():
-    """Evolutionary search sized to this space. The space has a few hundred points and only
-    categorical decisions, which MetaSchedule has no mutator for, so each round draws a fresh
+def _search(points: int = 256):
+    """Evolutionary search sized to this space. The space has at most a few hundred points and
+    only categorical decisions, which MetaSchedule has no mutator for, so each round draws a fresh
     population, the XGBoost model ranks it, and the best unmeasured (plus an epsilon-greedy share
     of random ones) are measured. The default population (512, four genetic rounds) spent ~17 s
-    of feature extraction per task and round on the H200 host for no better picks."""
+    of feature extraction per task and round on the H200 host for no better picks. The population
+    is the space's size (``points``, at least 32, at most 256): the fused bwd space has ~100
+    points over 12-20 design spaces, and a population of 256 took ~9 s per task and round to draw
+    (24 tasks: 3.6 minutes before the first measurement)."""
     from ._tvm import ms
-    return ms.search_strategy.EvolutionarySearch(population_size=256, init_measured_ratio=0.0,
-                                                 init_min_unmeasured=64, genetic_num_iters=1,
+    population = max(32, min(256, points))
+    return ms.search_strategy.EvolutionarySearch(population_size=population, init_measured_ratio=0.0,
+                                                 init_min_unmeasured=min(64, population), genetic_num_iters=1,
                                                  eps_greedy=0.1)
 
 

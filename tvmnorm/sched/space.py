@@ -167,6 +167,19 @@ def design_spaces(key: NormKey, kind: str) -> list:
     return [cuda_space(key)]
 
 
+def space_size(key: NormKey, kind: str) -> int:
+    """How many distinct schedules the design space of a key holds (the tuner sizes its
+    population by it)."""
+    if kind == "llvm":
+        n = 1
+        for values in llvm_choices(key).values():
+            n *= len(values)
+        return n
+    if key.stage in ("bwd", "bwd_add"):
+        return len(fused_cuda_variants(key)) * len(ROWS)
+    return len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
+
+
 def space_fn(key: NormKey, kind: str):
     """The ScheduleFn body for MetaSchedule: every structural variant from a copy of ``sch``."""
     def fn(sch):
