@@ -99,6 +99,19 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recovered 2 keys" in r.stderr and "tuning 0 of 2 keys" in r.stderr, r.stderr[-2000:]
     assert json.loads(sched_file.read_text())["records"] == sched["records"]
+    # a run stopped short of --trials (a lease's time limit): --min-trials takes the best of what
+    # was measured, --recover-only builds the library without tuning, and the records say how
+    # many candidates they saw, so a later run with --trials 8 still tunes them further
+    sched_file.unlink()
+    more = [("8" if a == "4" else a) for a in common]
+    r = tvmnorm("tune", *more, "--min-trials", "4", "--recover-only", "--out", str(tmp_path / "lib2"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recovered 2 keys" in r.stderr and "tuning 0 of 2 keys" in r.stderr, r.stderr[-2000:]
+    recovered = json.loads(sched_file.read_text())["records"]
+    assert {k: v["trials"] for k, v in recovered.items()} == {k: 4 for k in sched["records"]}
+    assert (tmp_path / "lib2" / "manifest.json").exists()
+    r = tvmnorm("tune", *more, "--recover-only", "--no-build")
+    assert "tuning 0 of 2 keys" in r.stderr and "recovered" not in r.stderr, r.stderr[-2000:]
 
 
 def committed_records():

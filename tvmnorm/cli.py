@@ -118,6 +118,11 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8, help="keys per MetaSchedule session")
     p.add_argument("--build-workers", type=int, default=None,
                    help="processes compiling candidates (default: one per core)")
+    p.add_argument("--min-trials", type=int, default=None,
+                   help="take a key's best candidate from the database of an interrupted run once "
+                        "every task has this many (default: --trials); the key stays due for more")
+    p.add_argument("--recover-only", action="store_true",
+                   help="only take records from the databases (see --min-trials) and build; tune nothing")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

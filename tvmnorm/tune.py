@@ -211,6 +211,14 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
         r["run_us"][part] = 1e6 * min(float(x) for x in rec.run_secs)
     if need:  # recovery is all or nothing per key
         records = {k: v for k, v in records.items() if k not in short}
+        for task, func in funcs.items():
+            r = records.get(owner[task][0].pack())
+            if r is not None:
+                done = len(db.get_top_k(db.commit_workload(IRModule({"main": func})), 1 << 20))
+                r["trials"] = min(r["trials"], done) if r.get("recovered") else done
+                r["recovered"] = True
+        for r in records.values():
+            r.pop("recovered", None)
     return records
 
 
@@ -228,8 +236,9 @@ def _tasks(keys, kind, rows):
 
 
 def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None) -> dict:
-    """Records for keys an interrupted run finished measuring but never wrote to schedules/:
-    every task of the key has ``trials`` candidates in the database."""
+    """Records for keys an interrupted run measured but never wrote to schedules/: every task
+    of the key has at least ``trials`` candidates in the database. A record's ``trials`` is how
+    many its tasks had (the fewest over its tasks)."""
     from ._tvm import ms, target
     work = logs / target_name(kind)
     if not (work / "database_tuning_record.json").exists():
@@ -245,14 +254,20 @@ def tune_main(args, keys) -> None:
     rows = args.rows  # None: tune_rows per key
     records = load_records(kind, args.schedules)
     todo = [k for k in keys if records.get(k.pack(), {}).get("trials", 0) < args.trials]
-    recovered = recover_records(todo, kind, args.trials, logs, rows) if todo else {}
+    least = getattr(args, "min_trials", None) or args.trials
+    recovered = recover_records(todo, kind, least, logs, rows) if todo else {}
     if recovered:
         records.update(recovered)
         save_records(kind, records, args.schedules)
-        todo = [k for k in todo if k.pack() not in recovered]
+        todo = [k for k in todo if records.get(k.pack(), {}).get("trials", 0) < args.trials]
         print(f"recovered {len(recovered)} keys measured by an interrupted run from {logs}", file=sys.stderr)
-    print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
-          f"tuned), {args.trials} trials each, rows={rows or 'per key'}", file=sys.stderr)
+    if getattr(args, "recover_only", False):
+        print(f"recover only: {len(todo)} of {len(keys)} keys have fewer than {args.trials} trials; "
+              f"tuning 0 of {len(keys)} keys", file=sys.stderr)
+        todo = []
+    else:
+        print(f"tuning {len(todo)} of {len(keys)} keys on {target_name(kind)} ({len(keys) - len(todo)} already "
+              f"tuned), {args.trials} trials each, rows={rows or 'per key'}", file=sys.stderr)
     cuda_build = None
     if todo:
         try:
