@@ -16,9 +16,11 @@ mkdir -p "$OUT" "$STATE/schedules"
 # start from the committed records: tuned keys are skipped, and the library keeps them
 [ -f "$STATE/schedules/cuda-sm_90.json" ] || cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null || true
 export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
-timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune --target cuda --shapes "${SHAPES:-all}" --stages "${STAGES:-fwd,bwd}" \
-  --norms "${NORMS:-rmsnorm,layernorm}" --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 $FP8} --trials "${TRIALS:-32}" \
-  --batch "${BATCH:-16}" --logs "$STATE/tuning_logs" --schedules "$STATE/schedules" --out "$STATE/lib" \
+# the keys, databases, records and library of this run, shared by the tune and its recovery
+run=(--target cuda --shapes "${SHAPES:-all}" --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
+     --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
+     --schedules "$STATE/schedules" --out "$STATE/lib")
+timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
   2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' > "$STATE/tune-full.log"
 tuned=${PIPESTATUS[0]}
 # the run's own lines (preflight: which CUDA build, keys to tune, recovery) and its last screen
@@ -27,10 +29,8 @@ tuned=${PIPESTATUS[0]}
 # a tune stopped by TUNE_SECONDS (status 124) wrote no records for its unfinished batch and built
 # no library: take the best candidate of every key with >= MIN_TRIALS measured (the keys stay
 # due for more) and build it, so that the float64 check, the benchmark and `tune accept` run
-[ "$tuned" -eq 0 ] || python -m tvmnorm tune --target cuda --shapes "${SHAPES:-all}" --stages "${STAGES:-fwd,bwd}" \
-  --norms "${NORMS:-rmsnorm,layernorm}" --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 $FP8} --trials "${TRIALS:-32}" \
-  --min-trials "${MIN_TRIALS:-8}" --recover-only --logs "$STATE/tuning_logs" --schedules "$STATE/schedules" \
-  --out "$STATE/lib" 2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tail -3 | tee -a "$OUT/tune.log"
+[ "$tuned" -eq 0 ] || python -m tvmnorm tune "${run[@]}" --min-trials "${MIN_TRIALS:-8}" --recover-only \
+  2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tail -3 | tee -a "$OUT/tune.log"
 (cd "$STATE" && tar czf "$OUT/tuning.tgz" schedules tuning_logs 2>/dev/null)
 if [ -f "$STATE/lib/manifest.json" ]; then
   TVMNORM_LIBRARY="$STATE/lib" timeout "${CHECK_SECONDS:-120}" python bench/gpu_check.py --tuned --out "$OUT" | tail -5
