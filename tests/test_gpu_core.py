@@ -15,18 +15,22 @@ from conftest import run_and_check as check_on
 from tvmnorm.key import NormKey
 
 
-def _cuda_ok() -> bool:
+def _cuda_missing() -> str:
+    """Why the CUDA tests cannot run here ("" when they can). The reason goes into the skip
+    message: on a two-GPU lease one of two pytest processes started together skipped everything
+    with no way to tell which check failed."""
     if not torch.cuda.is_available():
-        return False
+        return "torch sees no CUDA device"
     try:
         from tvmnorm._tvm import cuda_available
-        return cuda_available()
-    except Exception:  # noqa: BLE001 - any failure to reach TVM's CUDA runtime means no GPU tests
-        return False
+        return "" if cuda_available() else "TVM's CUDA runtime sees no device"
+    except Exception as e:  # noqa: BLE001 - any failure to reach TVM's CUDA runtime means no GPU tests
+        return f"TVM's CUDA runtime failed: {type(e).__name__}: {e}"
 
 
+_MISSING = _cuda_missing()
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _cuda_ok(), reason="needs a CUDA GPU (torch and TVM with CUDA)")]
+              pytest.mark.skipif(bool(_MISSING), reason=f"needs a CUDA GPU (torch and TVM with CUDA): {_MISSING}")]
 
 STAGES = ("fwd", "bwd", "bwd_add")
 NORMS = ("rmsnorm", "layernorm")
