@@ -4,12 +4,13 @@
 # against float64 and timed with triton.testing.do_bench against a 2 GiB copy roofline.
 #
 #   OUT=/path bash bench/h200.sh      # or: bash bench/h200.sh /path   (default bench/results/h200)
+#   GPUS=2 OUT=$OUT bash bench/h200.sh   # on nvidia-h200-x2
 #
 # Needs torch with CUDA, triton, liger-kernel and TVM importable (PYTHONPATH is fine), and the
 # tuned CUDA library (tvmnorm/_lib/cuda or $TVMNORM_LIBRARY; without it tvmnorm_tuned is "missing").
-# Each op runs in its own process, so a CUDA fault in one op cannot take the others down; a
-# failing implementation inside an op is recorded as "error"/"wrong" and the run goes on. The
-# parts are merged into $OUT/h200.json (+ .csv, plots) at the end.
+# Each op runs in its own process (GPUS=2 runs two queues of them, one per GPU), so a CUDA fault
+# in one op cannot take the others down; a failing implementation inside an op is recorded as
+# "error"/"wrong" and the run goes on. The parts are merged into $OUT/h200.json (+ .csv, plots).
 # Training rows (16384 tokens) for every op; decode rows (1/8/64/256 tokens) for the forward ops
 # only, since decode has no backward. Expect torch.compile to dominate the run time (one Inductor
 # compile per shape and op).
@@ -22,20 +23,36 @@ IMPLS=${IMPLS:-tvmnorm_tuned,tvmnorm_default,torch_eager,torch_compile,liger}
 mkdir -p "$OUT/parts"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
   > "$OUT/nvidia-smi.csv" 2>&1 || true
-status=0
-run_part() {  # name ops rows
+run_part() {  # name ops rows: one op in its own process; a failure is reported and the run goes on
   python -m tvmnorm.bench --target cuda --ops "$2" --dtypes "$DTYPES" --shapes "$SHAPES" --rows "$3" \
-    --impls "$IMPLS" --out "$OUT/parts/$1" --name "$1" --no-plots 2>&1 | tee "$OUT/parts/$1.log"
-  local rc=${PIPESTATUS[0]}
-  if [ "$rc" -ne 0 ]; then echo "!! part $1 exited with $rc (see $OUT/parts/$1.log)"; status=1; fi
+    --impls "$IMPLS" --out "$OUT/parts/$1" --name "$1" --no-plots > "$OUT/parts/$1.log" 2>&1
+  local rc=$?
+  tail -n 40 "$OUT/parts/$1.log"
+  if [ "$rc" -ne 0 ]; then echo "!! part $1 exited with $rc (see $OUT/parts/$1.log)"; touch "$OUT/parts/FAILED"; fi
 }
+queue=()
 for op in rmsnorm_fwd layernorm_fwd rmsnorm_fwd_fp8 layernorm_fwd_fp8; do
-  run_part "${op}_train" "$op" train
-  run_part "${op}_decode" "$op" decode
+  queue+=("${op}_train $op train" "${op}_decode $op decode")
 done
 for op in rmsnorm_bwd layernorm_bwd; do
-  run_part "${op}_train" "$op" train
+  queue+=("${op}_train $op train")
 done
+# GPUS=n spreads the parts over n GPUs of the machine (part i on GPU i mod n), one queue each:
+# torch.compile's per-shape Inductor compiles dominate, so two GPUs halve the wall time
+GPUS=${GPUS:-1}
+rm -f "$OUT/parts/FAILED"
+for ((g = 0; g < GPUS; g++)); do
+  (
+    export CUDA_VISIBLE_DEVICES=$g
+    for ((i = g; i < ${#queue[@]}; i += GPUS)); do
+      # shellcheck disable=SC2086 - "name op rows" splits into run_part's three arguments
+      run_part ${queue[$i]}
+    done
+  ) &
+done
+wait
+status=0
+[ -f "$OUT/parts/FAILED" ] && status=1
 parts=$(ls "$OUT"/parts/*/*.json 2>/dev/null)
 if [ -n "$parts" ]; then
   python -m tvmnorm.bench --merge $parts --out "$OUT" --name h200 | tee "$OUT/h200.txt"
