@@ -33,7 +33,7 @@ PART_BLOCK = "part"
 @dataclasses.dataclass(frozen=True)
 class CudaRowConfig:
     threads: int = 256        # threads per row (threadIdx.x): 4..1024; < 32 is a partial warp
-    rows: int = 1             # rows per block (threadIdx.y)
+    rows: int = 1             # rows per block (threadIdx.y); chunks of rows in the fused dx kernel
     vec: int = 1              # consecutive elements per thread per step (vector width)
     unroll: int = 256         # pragma_auto_unroll_max_step on the per-thread loop
     prefetch: int = 1         # fused dx only: rows of a chunk loaded into registers at once
@@ -171,8 +171,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         blocks = _gather_under(sch, anchor, ty)
         depth = 2
     else:
-        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if b != part
-                  and sch.get(b).name_hint != PART_BLOCK]
+        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
         q, t = _chunk_rows(sch, blocks, part)
         bx, ty = sch.split(q, [None, cfg.rows])
         group, row = sch.split(t, [None, cfg.prefetch])
