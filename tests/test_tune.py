@@ -274,3 +274,99 @@ def test_search_population_follows_the_space_size():
     assert _search(space_size(bwd, "cuda")).population_size == space_size(bwd, "cuda")
     assert _search(space_size(NormKey(hidden_size=4096), "cuda")).population_size == 256
     assert _search(space_size(NormKey(hidden_size=1000), "llvm")).population_size == 32
+
+
+def test_cuda_dx_is_tuned_at_every_chunk_size():
+    """T (rows per dgamma partial) is a compute constant, so the CUDA dx kernel is one tuning
+    task per chunk size; every other part (and llvm) is one task."""
+    from tvmnorm.compute.norms import CUDA_CHUNK_ROWS, ROWS_PER_PARTIAL_ATTR
+    from tvmnorm.tune import _tasks
+    bwd, fwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024), NormKey(hidden_size=1024)
+    funcs, owner = _tasks([bwd, fwd], "cuda", 4097)
+    dx = {t: f for t, f in funcs.items() if owner[t][1] == "dx"}
+    assert sorted(int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for f in dx.values()) == sorted(CUDA_CHUNK_ROWS)
+    assert all(owner[t][3] == int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for t, f in dx.items())
+    assert [owner[t][3] for t in funcs if owner[t][1] == "fwd"] == [None]
+    funcs, owner = _tasks([bwd], "llvm", 256)
+    assert [owner[t][3] for t in funcs] == [None]
+
+
+class _FakeDatabase:
+    """The part of MetaSchedule's database _best_records reads: one measured record per task."""
+
+    class _Record:
+        def __init__(self, trace, secs):
+            self.trace, self.run_secs = trace, [secs]
+
+    def __init__(self, measured):
+        self.measured = measured  # structural hash of the task's module -> (trace, seconds, count)
+
+    @staticmethod
+    def _h(mod):
+        import tvm_ffi
+        return tvm_ffi.structural_hash(mod)
+
+    def has_workload(self, mod):
+        return self._h(mod) in self.measured
+
+    def commit_workload(self, mod):
+        return mod
+
+    def get_top_k(self, mod, k):
+        return [None] * min(k, self.measured[self._h(mod)][2])
+
+    def query_tuning_record(self, mod, tgt, workload_name):
+        trace, secs, _ = self.measured[self._h(mod)]
+        return self._Record(trace, secs)
+
+
+@pytest.mark.parametrize("fastest", (16, 32, 64))
+def test_best_records_keeps_the_fastest_chunk_size(fastest):
+    from tvmnorm._tvm import IRModule, Schedule, target
+    from tvmnorm.targets import target_spec
+    from tvmnorm.tune import _best_records, _tasks
+    key = NormKey(stage="bwd", hidden_size=1024)
+    funcs, owner = _tasks([key], "cuda", 4097)
+    measured = {}
+    for task, func in funcs.items():
+        sch = space_fn(key, "cuda")(Schedule(func))[0]
+        secs = 1e-4 if owner[task][3] == fastest else 3e-4
+        measured[_FakeDatabase._h(IRModule({"main": func}))] = (sch.trace, secs, {16: 9, 32: 12, 64: 7}[owner[task][3]])
+    db = _FakeDatabase(measured)
+    (rec,) = _best_records(db, funcs, owner, target(target_spec("cuda")), 32).values()
+    assert rec["rows_per_partial"] == fastest and rec["run_us"]["dx"] == pytest.approx(100.0)
+    # recovery: a key is taken only when all its tasks have `need`; trials is the fewest any had
+    assert _best_records(db, funcs, owner, target(target_spec("cuda")), 32, need=8) == {}
+    (rec,) = _best_records(db, funcs, owner, target(target_spec("cuda")), 32, need=7).values()
+    assert rec["trials"] == 7 and rec["rows_per_partial"] == fastest
+    # the record builds the dx kernel with its T (its trace splits the rows by that T), and the
+    # CUDA code compiles
+    funcs = scheduled_funcs(key, "cuda", rec)
+    from tvmnorm.compute.norms import ROWS_PER_PARTIAL_ATTR
+    assert int(funcs[f"{key.name}_dx"].attrs[ROWS_PER_PARTIAL_ATTR]) == fastest
+    compile_funcs(funcs, "cuda")
+
+
+@pytest.mark.parametrize("chunk", (16, 64))
+def test_a_record_with_another_chunk_size_serves_right_results(tmp_path, chunk, rng, seed):
+    """A record's rows_per_partial reaches the library's manifest and the runtime, which sizes
+    the partials by it (llvm here; the path is the same on CUDA): dx, dgamma and dbeta stay
+    right around the chunk edges."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.build import build_library
+    from tvmnorm.runtime import partials
+    key = NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    func = tuning_func(key, "dx", 256, "llvm", chunk)
+    (sch,) = space_fn(key, "llvm")(Schedule(func))
+    trace = json.loads(json.dumps(sch.trace.simplified(remove_postproc=True).as_json(), default=lambda o: o.value))
+    rec = {"key": key.name, "parts": {"dx": trace}, "rows_per_partial": chunk, "trials": 1}
+    manifest = build_library([key], "llvm", tmp_path / "lib", records={key.pack(): rec}, log=lambda *_: None)
+    assert manifest["kernels"][0]["rows_per_partial"] == chunk
+    reg = Registry()
+    reg.set_library("llvm", tmp_path / "lib")
+    k = reg.get(key, "llvm")
+    assert k.tuned and k.chunk_rows == chunk
+    assert partials(3 * chunk + 1, key, "llvm", k.chunk_rows) == 4
+    for rows in (1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3):
+        inputs = make_inputs(key, rows, rng)
+        check_outputs(key, inputs, call(k, inputs, rows), f"T={chunk} rows={rows} seed={seed}")

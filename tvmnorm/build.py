@@ -53,7 +53,8 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
     out = {}
-    for part, func in compute.kernel_funcs(key, kind).items():
+    chunk_rows = (record or {}).get("rows_per_partial")
+    for part, func in compute.kernel_funcs(key, kind, chunk_rows=chunk_rows).items():
         trace = (record or {}).get("parts", {}).get(part)
         if trace is not None:
             sch = Schedule(func.with_attr("global_symbol", "main"))
@@ -63,6 +64,15 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict
         symbol = func.attrs["global_symbol"]
         out[symbol] = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
     return out
+
+
+def chunk_rows_of(key: NormKey, kind: str, record: dict | None = None) -> int | None:
+    """T of a backward key's dx kernel (the record's ``rows_per_partial``, else the default), or
+    None for a forward key: the runtime sizes the partials by it."""
+    if key.stage == "fwd":
+        return None
+    from .compute.norms import rows_per_partial
+    return (record or {}).get("rows_per_partial") or rows_per_partial(key, kind)
 
 
 def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
@@ -117,7 +127,8 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
         funcs.update(kfuncs)
         entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
                         "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,
-                        "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default"})
+                        "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default",
+                        "rows_per_partial": chunk_rows_of(key, kind, rec)})
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-build-", dir=out_dir.parent))
     try:

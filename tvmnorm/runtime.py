@@ -55,13 +55,13 @@ def signature(key: NormKey) -> list:
             + ["dx", "dgamma"] + (["dbeta"] if ln else []))
 
 
-def partials(rows: int, key: NormKey, kind: str) -> int:
-    """How many dgamma/dbeta partial rows the backward writes: one per chunk of
-    T = rows_per_partial(key, kind) rows of the dx kernel. It depends only on the shape, key and
-    target, and the partials are summed in a fixed order (no atomics), so dgamma is bitwise
-    reproducible."""
+def partials(rows: int, key: NormKey, kind: str, chunk_rows: int | None = None) -> int:
+    """How many dgamma/dbeta partial rows the backward writes: one per chunk of T rows of the dx
+    kernel (``chunk_rows``: a library kernel's T from its manifest; default
+    rows_per_partial(key, kind)). It depends only on the shape, key, target and kernel, and the
+    partials are summed in a fixed order (no atomics), so dgamma is bitwise reproducible."""
     from .compute.norms import num_partials, rows_per_partial
-    return num_partials(rows, rows_per_partial(key, kind))
+    return num_partials(rows, chunk_rows or rows_per_partial(key, kind))
 
 
 def _alloc(like, shape, dtype: str, zero: bool = False):
@@ -89,8 +89,10 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
 class NormKernel:
     """One key's kernel: a callable over DLPack arrays, see the module docstring."""
 
-    def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str):
+    def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
+                 chunk_rows: int | None = None):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
+        self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
         self.signature = signature(key)
         self._f = funcs  # part -> callable
         self._ctype = TVM_DTYPE[key.ctype]
@@ -134,14 +136,16 @@ class NormKernel:
             part = _alloc(a["x"], (s, 1, self.key.hidden_size), self._ctype, zero=True)
         else:
             # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
-            part = _alloc(a["x"], (s, partials(rows, self.key, self.kind), self.key.hidden_size), self._ctype)
+            count = partials(rows, self.key, self.kind, self.chunk_rows)
+            part = _alloc(a["x"], (s, count, self.key.hidden_size), self._ctype)
             self._f["dx"](*dx_args, part)
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
-def _kernel_from_module(key, kind, mod, prefix, tuned, origin):
+def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None):
     from .compute.norms import parts_of
-    return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin)
+    return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
+                      chunk_rows)
 
 
 def _elf_problem(path) -> str | None:
@@ -212,8 +216,10 @@ class TunedLibrary:
         entry = self.kernels.get(key.pack())
         if entry is None:
             return None
+        # libraries built before T could be tuned have no rows_per_partial: the default T then
         return _kernel_from_module(key, self.manifest["target"], self.module, key.name,
-                                   entry["origin"] == "tuned", f"library:{entry['origin']}")
+                                   entry["origin"] == "tuned", f"library:{entry['origin']}",
+                                   entry.get("rows_per_partial"))
 
 
 def default_library_path(kind: str) -> pathlib.Path:

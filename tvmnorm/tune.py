@@ -70,11 +70,11 @@ def save_records(kind: str, records: dict, root=None) -> None:
     os.replace(tmp, path)
 
 
-def tuning_func(key: NormKey, part: str, rows: int, kind: str):
+def tuning_func(key: NormKey, part: str, rows: int, kind: str, chunk_rows: int | None = None):
     """The static-row PrimFunc MetaSchedule measures (eps bound to a constant: the measuring
-    harness only fills tensor arguments)."""
+    harness only fills tensor arguments); ``chunk_rows`` sets the fused dx kernel's T."""
     from . import compute
-    func = compute.kernel_funcs(key, kind, rows=rows)[part]
+    func = compute.kernel_funcs(key, kind, rows=rows, chunk_rows=chunk_rows)[part]
     eps = [p for p in func.params if p.name == "eps"]
     if eps:
         func = func.specialize({eps[0]: 1e-6})
@@ -188,12 +188,14 @@ def _search_cores(kind: str) -> int:
 
 
 def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
-    """packed key -> record from the database's best measured candidate per task. With ``need``,
-    only keys whose every task has at least that many measured candidates are returned."""
+    """packed key -> record from the database's best measured candidate per part, over the
+    part's tasks (one per chunk size T for the CUDA dx kernel: the record then keeps the winner's
+    T as ``rows_per_partial``). With ``need``, only keys whose every task has at least that many
+    measured candidates are returned, and a record's ``trials`` is the fewest any of its tasks had."""
     from ._tvm import IRModule
-    records, short = {}, set()
+    records, short, done = {}, set(), {}
     for task, func in funcs.items():
-        key, part, rows = owner[task]
+        key, part, rows, chunk = owner[task]
         mod = IRModule({"main": func})
         if need and (not db.has_workload(mod) or len(db.get_top_k(db.commit_workload(mod), need)) < need):
             short.add(key.pack())
@@ -204,34 +206,41 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
                 print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
             short.add(key.pack())
             continue
+        if need:
+            n = len(db.get_top_k(db.commit_workload(mod), 1 << 20))
+            done[key.pack()] = min(done.get(key.pack(), n), n)
+        us = 1e6 * min(float(x) for x in rec.run_secs)
         r = records.setdefault(key.pack(), {"key": key.name, "describe": key.describe(), "rows": rows,
                                             "trials": trials, "parts": {}, "run_us": {}})
+        if part in r["run_us"] and r["run_us"][part] <= us:
+            continue  # another chunk size of this part measured faster
         r["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
                                                  default=lambda o: o.value))
-        r["run_us"][part] = 1e6 * min(float(x) for x in rec.run_secs)
+        r["run_us"][part] = us
+        if chunk is not None:
+            r["rows_per_partial"] = chunk
     if need:  # recovery is all or nothing per key
         records = {k: v for k, v in records.items() if k not in short}
-        for task, func in funcs.items():
-            r = records.get(owner[task][0].pack())
-            if r is not None:
-                done = len(db.get_top_k(db.commit_workload(IRModule({"main": func})), 1 << 20))
-                r["trials"] = min(r["trials"], done) if r.get("recovered") else done
-                r["recovered"] = True
-        for r in records.values():
-            r.pop("recovered", None)
+        for k, r in records.items():
+            r["trials"] = done[k]
     return records
 
 
 def _tasks(keys, kind, rows):
-    """task name -> static-row PrimFunc, and task name -> (key, part, rows), for the tuned parts."""
-    from .compute.norms import parts_of
+    """task name -> static-row PrimFunc, and task name -> (key, part, rows, T), for the tuned
+    parts: the CUDA dx kernel once per chunk size in CUDA_CHUNK_ROWS (T is a compute constant,
+    not a schedule decision), every other part once (T None)."""
+    from .compute.norms import CUDA_CHUNK_ROWS, parts_of
     from .sched.space import TUNED_PARTS
     funcs, owner = {}, {}
     for key in keys:
         for part in [p for p in parts_of(key, kind) if p in TUNED_PARTS]:
-            task = f"{key.name}_{part}"
             n = tune_rows(key, kind, rows)
-            funcs[task], owner[task] = tuning_func(key, part, n, kind), (key, part, n)
+            chunks = CUDA_CHUNK_ROWS if (kind == "cuda" and part == "dx") else (None,)
+            for chunk in chunks:
+                task = f"{key.name}_{part}" + (f"_t{chunk}" if chunk else "")
+                funcs[task] = tuning_func(key, part, n, kind, chunk)
+                owner[task] = (key, part, n, chunk)
     return funcs, owner
 
 

@@ -59,10 +59,11 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
       like the other row kernels' tasks) up to 1024 rows, so a million 8-wide rows make ~1000
       partials, not 16000 (finalize is serial per column on the CPU).
     cuda: a chunk is walked serially by one group of threads (a block, or one threadIdx.y lane
-      of it), so T trades partial traffic against parallelism. T = 32: the partials are 4% of
-      the bf16 traffic for RMSNorm, 8% for LayerNorm, and 16384 tokens still make 512 chunks
-      (~4 per SM, each with a whole row of loads in flight). Narrow rows do not get a longer T,
-      unlike llvm: their parallelism is the number of chunks in flight, already short at 512.
+      of it), so T trades partial traffic against parallelism. T = 32 by default: the partials
+      are 4% of the bf16 traffic for RMSNorm, 8% for LayerNorm, and 16384 tokens still make 512
+      chunks (~4 per SM, each with a whole row of loads in flight). Narrow rows do not get a
+      longer T, unlike llvm: their parallelism is the number of chunks in flight, already short
+      at 512. The tuner also tries the other CUDA_CHUNK_ROWS, and a record keeps its T.
     """
     if kind not in KINDS:
         raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
@@ -73,6 +74,13 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
     while t < 1024 and t * h < 16384:
         t *= 2
     return t
+
+
+# The chunk sizes the CUDA tuner tries for the fused dx kernel (one tuning task each; the record
+# keeps the best one's T as ``rows_per_partial``). T is a compute-level constant (a static split
+# factor), so it cannot be a decision inside one design space. A shorter chunk means more chunks
+# in flight (16384 tokens: 1024 at T = 16) for more partial traffic (8*S / (6*T) of bf16's).
+CUDA_CHUNK_ROWS = (16, 32, 64)
 
 
 def num_partials(rows: int, t: int) -> int:
@@ -191,12 +199,13 @@ def _bwd_inputs(key: NormKey, N, H=None):
     return dy, x, mu, rs
 
 
-def dx(key: NormKey, kind: str, rows=None, name="dx"):
+def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
     """dx = rsigma * (dy*g - mean(dy*g) [LN only] - xhat * mean(dy*g*xhat)) (+ dz for bwd_add),
     and the weight-gradient partials of chunks of T = rows_per_partial(key, kind) rows:
     part[0, q, j] = sum_t dy*xhat and (LayerNorm) part[1, q, j] = sum_t dy over rows q*T + t < n.
     One reduction block with an s axis computes both (TVM's tuple reductions miscompile bf16 on
-    llvm), so dy and x are read once for both sums."""
+    llvm), so dy and x are read once for both sums. ``chunk_rows`` overrides T (a tuned record's
+    ``rows_per_partial``)."""
     c, up, gamma = _loaders(key)
     N = _rows(rows)
     # on cuda one index dtype for every axis (int64 with the symbolic n): the CUDA schedule
@@ -233,7 +242,7 @@ def dx(key: NormKey, kind: str, rows=None, name="dx"):
         grad = lambda i, j: base(i, j) + up(dz[i, j])  # noqa: E731
     out = te.compute((N, H), lambda i, j: grad(i, j).astype(TVM_DTYPE[key.itype]), name="dx")
     ins = [dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra
-    T = rows_per_partial(key, kind)
+    T = chunk_rows or rows_per_partial(key, kind)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
     Q = tirx.floordiv(N + (T - 1), T) if isinstance(N, tirx.Var) else -(-N // T)
@@ -274,10 +283,10 @@ def finalize(key: NormKey, name="finalize"):
     return _func([part] + outs, name)
 
 
-def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
+def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=None) -> dict:
     """part name -> PrimFunc for this key on target ``kind`` (the fused dx kernel's chunk size
-    depends on it), global symbols ``<prefix>_<part>``."""
+    depends on it, unless ``chunk_rows`` sets it), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, rows, n), "amax": lambda n: amax(rows, n),
-             "dx": lambda n: dx(key, kind, rows, n), "finalize": lambda n: finalize(key, n)}
+             "dx": lambda n: dx(key, kind, rows, n, chunk_rows), "finalize": lambda n: finalize(key, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}
