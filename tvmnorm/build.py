@@ -66,13 +66,12 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict
     return out
 
 
-def chunk_rows_of(key: NormKey, kind: str, record: dict | None = None) -> int | None:
-    """T of a backward key's dx kernel (the record's ``rows_per_partial``, else the default), or
-    None for a forward key: the runtime sizes the partials by it."""
-    if key.stage == "fwd":
-        return None
-    from .compute.norms import rows_per_partial
-    return (record or {}).get("rows_per_partial") or rows_per_partial(key, kind)
+def chunk_rows_of(funcs: dict) -> int | None:
+    """T of the dx kernel among a key's scheduled ``funcs`` (the attribute its compute carries),
+    or None for a key without one (forward): the runtime sizes the partials by it."""
+    from .sched.rows import is_fused
+    from .compute.norms import ROWS_PER_PARTIAL_ATTR
+    return next((int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for f in funcs.values() if is_fused(f)), None)
 
 
 def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
@@ -128,7 +127,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
         entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
                         "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,
                         "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default",
-                        "rows_per_partial": chunk_rows_of(key, kind, rec)})
+                        "rows_per_partial": chunk_rows_of(kfuncs)})
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-build-", dir=out_dir.parent))
     try:

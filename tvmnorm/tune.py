@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from .key import NormKey
+from .key import DTYPE_BYTES, NormKey
 from .targets import target_name, target_spec
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -40,7 +40,6 @@ def tune_rows(key: NormKey, kind: str, override: int | None = None) -> int:
         return override
     if kind != "cuda":
         return TUNE_ROWS[kind]
-    from .key import DTYPE_BYTES
     need = -(-CUDA_TUNE_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype]))
     return max(TUNE_ROWS[kind], -(-need // 1024) * 1024) + 1
 
@@ -138,7 +137,6 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> tuple:
     NVRTC build first and the nvcc build if that fails. Returns (measured microseconds, the CUDA
     build that worked or None)."""
     from ._tvm import cuda_available, ms, target
-    from .key import DTYPE_BYTES
     from .measure import InProcessBuilder, InProcessRunner
     from .sched.default import default_schedule
     from .sched.space import TUNED_PARTS

@@ -11,6 +11,7 @@ import dataclasses
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
+from .space import fused_register_limit, fused_registers
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -46,7 +47,6 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     """The row heuristic with at most 2 vectors per thread (each thread also keeps a running sum
     per element), and as many rows loaded at once (prefetch, up to 8) as fit 96 registers of
     sums and rows, within what the block size leaves a thread (see fused_registers)."""
-    from .space import fused_register_limit, fused_registers
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec

@@ -232,6 +232,15 @@ def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
     return lambda *idx: (*idx[:-1], idx[-1] // step, idx[-1] % vec)
 
 
+def _thread_columns(sch, loop, cfg: CudaRowConfig):
+    """Split a column loop as every stage of the fused dx kernel does, j = (o*threads + tx)*vec
+    + v, and bind tx: a thread then holds the same columns in every stage and buffer (which the
+    register layout of _thread_layout relies on). Returns (o, tx, v)."""
+    o, tx, v = sch.split(loop, [None, cfg.threads, cfg.vec])
+    sch.bind(tx, "threadIdx.x")
+    return o, tx, v
+
+
 def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
     """Load ``prefetch`` rows of dy and x into registers at the top of each group of rows, one
     16-byte vector load per thread and vector, and let every stage (the row reductions, dx, the
@@ -248,9 +257,8 @@ def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
         cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
         sch.compute_at(cache, group, preserve_unit_loops=True)
         rows, cols = sch.get_loops(cache)[-2:]
-        o, tx, v = sch.split(cols, [None, cfg.threads, cfg.vec])
+        o, tx, v = _thread_columns(sch, cols, cfg)
         sch.reorder(tx, rows, o, v)
-        sch.bind(tx, "threadIdx.x")
         sch.unroll(rows)
         sch.unroll(o)
         sch.vectorize(v)
@@ -279,21 +287,18 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
     The map is a constant of the trace, so ``threads`` and ``vec`` must be plain ints here
     (the design space makes them structural variants for the fused kernel)."""
     layout = _thread_layout(cfg)
-    threads, vec = cfg.threads, cfg.vec
     part = sch.get_sblock(PART_BLOCK)
     acc = sch.cache_write(part, 0, "local")
     sch.reverse_compute_at(acc, lane, preserve_unit_loops=True)
     part = sch.get_sblock(PART_BLOCK)
     s_, j = sch.get_loops(part)[4:]
-    o, tx, v = sch.split(j, [None, threads, vec])
+    o, tx, v = _thread_columns(sch, j, cfg)
     sch.reorder(tx, s_, o, v)
-    sch.bind(tx, "threadIdx.x")
     for lp in (s_, o, v):
         sch.unroll(lp)  # constant register indices
-    s2, q2, j2 = sch.get_loops(acc)[2:]
-    o2, tx2, v2 = sch.split(j2, [None, threads, vec])
+    s2, q2, j2 = sch.get_loops(acc)[2:]  # the store of the sums, once per chunk
+    o2, tx2, v2 = _thread_columns(sch, j2, cfg)
     sch.reorder(tx2, s2, q2, o2, v2)
-    sch.bind(tx2, "threadIdx.x")
     for lp in (s2, o2, v2):
         sch.unroll(lp)
     sch.transform_layout(part, ("write", 0), layout, assume_injective_transform=True)

@@ -34,6 +34,7 @@ pruned to what fits FUSED_REGISTERS), and rows per block is sampled within it.
 """
 from __future__ import annotations
 
+from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
 from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
 
@@ -107,11 +108,9 @@ def fused_cuda_variants(key: NormKey) -> list:
     """(threads, vec, prefetch) triples of the fused dx kernel: the two widest vector widths,
     thread counts that give every thread 1 to 4 vectors of the row (and a block of them within
     1024 threads), and rows loaded per group such that the sums and the rows fit the register
-    limit (prefetch dividing the chunk)."""
-    from ..compute.norms import rows_per_partial
+    limit (prefetch dividing every chunk size the tuner applies the space to, CUDA_CHUNK_ROWS)."""
     s = 2 if key.norm == "layernorm" else 1
     h = key.hidden_size
-    t = rows_per_partial(key, "cuda")
     size = DTYPE_BYTES[key.itype]
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
@@ -121,7 +120,8 @@ def fused_cuda_variants(key: NormKey) -> list:
                 continue
             for prefetch in PREFETCH:
                 regs = fused_registers(s, vectors * vec, prefetch, size)
-                if t % prefetch == 0 and (regs <= fused_register_limit(threads) or prefetch == 1):
+                divides = all(t % prefetch == 0 for t in CUDA_CHUNK_ROWS)
+                if divides and (regs <= fused_register_limit(threads) or prefetch == 1):
                     out.append((threads, vec, prefetch))
     # very wide rows (65536) have no triple within the limit: the widest one, spilling if it must
     return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1)]
