@@ -8,6 +8,7 @@ import pytest
 
 from tvmnorm import NormKey
 from tvmnorm.build import compile_funcs, scheduled_funcs
+from tvmnorm.compute.norms import AMAX_CHUNK
 
 
 def cuda_source(key: NormKey) -> str:
@@ -85,3 +86,12 @@ def test_finalize_splits_the_partials_over_lanes():
     assert "atomic" not in body
     # the store is done by one lane
     assert re.search(r"threadIdx\.y\) < \(int64_t\)1\)+ \{\s*dgamma_ptr\[", body)
+
+
+def test_fp8_amax_is_reduced_by_many_blocks_then_one():
+    """amax over the rows' maxima runs as two launches: one block per AMAX_CHUNK rows, then one
+    block over the chunk maxima (one block over every row read 524288 of them serially)."""
+    src = cuda_source(NormKey(hidden_size=128, otype="fp8e4m3"))
+    first = kernel(src, "amax")
+    assert f"blockIdx.x) * (int64_t){AMAX_CHUNK})" in first, "the first stage is not one block per chunk"
+    assert re.search(r"__global__ void __launch_bounds__\(1024\) \w+_amax_kernel_1\(", src), "no second stage"

@@ -107,6 +107,23 @@ def test_fp8_mixed_input(kernels, norm, rng, seed):
     run_and_check(kernels, key, 257, rng, seed)
 
 
+@pytest.mark.parametrize("where", ("first", "middle", "last"))
+def test_fp8_amax_across_chunks(kernels, where, rng, seed):
+    """amax is reduced in chunks of AMAX_CHUNK rows, then over the chunks: the row with the
+    largest |y| is found in the first chunk, a middle one, or the last, partial one."""
+    from tvmnorm.compute.norms import AMAX_CHUNK
+    rows = 2 * AMAX_CHUNK + 17
+    key = NormKey(norm="rmsnorm", stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=8)
+    inputs = make_inputs(key, rows, rng)
+    big = {"first": 3, "middle": AMAX_CHUNK + 5, "last": rows - 2}[where]
+    # rmsnorm makes every row's y about as large as gamma: the winner is a row with one spike
+    x = torch.full((rows, 8), 0.5, dtype=torch.bfloat16)
+    x[big, 0] = 64.0
+    inputs["x"] = x
+    outs = call(kernels(key), inputs, rows)
+    check_outputs(key, inputs, outs, f"{key.name} rows={rows} spike at row {big} seed={seed}")
+
+
 @pytest.mark.parametrize("rows", (257, 1000))
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 @pytest.mark.parametrize("norm", NORMS)

@@ -101,13 +101,18 @@ def _cuda_finalize(func):
     return sch
 
 
+AMAX_THREADS = 1024
+
+
 def _cuda_amax(func):
+    """Both stages (chunk maxima, then their max) as a block-wide allreduce of 1024 threads:
+    the first stage one block per chunk, the second one block."""
     sch = Schedule(func)
-    (blk,) = sch.get_child_blocks(sch.get_sblock("root"))
-    i, r = sch.get_loops(blk)
-    sch.bind(i, "blockIdx.x")
-    _, tx = sch.split(r, [None, 1024])
-    sch.bind(tx, "threadIdx.x")
+    for blk in sch.get_child_blocks(sch.get_sblock("root")):
+        outer, r = sch.get_loops(blk)
+        sch.bind(outer, "blockIdx.x")
+        _, tx = sch.split(r, [None, AMAX_THREADS])
+        sch.bind(tx, "threadIdx.x")
     return sch
 
 
@@ -120,7 +125,10 @@ def _cpu_finalize(func):
 
 
 def _cpu_amax(func):
-    return Schedule(func)
+    sch = Schedule(func)
+    part = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    sch.parallel(sch.get_loops(part)[0])  # the chunks
+    return sch
 
 
 def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
