@@ -5,6 +5,8 @@
 #
 #   OUT=/path bash bench/h200.sh      # or: bash bench/h200.sh /path   (default bench/results/h200)
 #   GPUS=2 OUT=$OUT bash bench/h200.sh   # on nvidia-h200-x2
+#   PARTS="rmsnorm_bwd_train layernorm_bwd_train" FIRST_GPU=1 PART_SECONDS=240 bash bench/h200.sh
+#     (only these parts, on GPU 1 onwards, each stopped after 240 s: what it timed is kept)
 #
 # Needs torch with CUDA, triton, liger-kernel and TVM importable (PYTHONPATH is fine), and the
 # tuned CUDA library (tvmnorm/_lib/cuda or $TVMNORM_LIBRARY; without it tvmnorm_tuned is "missing").
@@ -20,12 +22,19 @@ OUT=${1:-${OUT:-bench/results/h200}}
 DTYPES=${DTYPES:-bf16}
 SHAPES=${SHAPES:-all}
 IMPLS=${IMPLS:-tvmnorm_tuned,tvmnorm_default,torch_eager,torch_compile,liger}
+# decode rows compile one graph per row count (48 per forward op): DECODE_IMPLS can leave
+# torch_compile out there
+DECODE_IMPLS=${DECODE_IMPLS:-$IMPLS}
 mkdir -p "$OUT/parts"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
   > "$OUT/nvidia-smi.csv" 2>&1 || true
 run_part() {  # name ops rows: one op in its own process; a failure is reported and the run goes on
-  python -m tvmnorm.bench --target cuda --ops "$2" --dtypes "$DTYPES" --shapes "$SHAPES" --rows "$3" \
-    --impls "$IMPLS" --out "$OUT/parts/$1" --name "$1" --no-plots > "$OUT/parts/$1.log" 2>&1
+  local impls=$IMPLS
+  [ "$3" = decode ] && impls=$DECODE_IMPLS
+  # shellcheck disable=SC2086 - an empty PART_SECONDS runs the part without a limit
+  ${PART_SECONDS:+timeout --signal=INT $PART_SECONDS} python -m tvmnorm.bench --target cuda --ops "$2" \
+    --dtypes "$DTYPES" --shapes "$SHAPES" --rows "$3" --impls "$impls" --out "$OUT/parts/$1" --name "$1" \
+    --no-plots > "$OUT/parts/$1.log" 2>&1
   local rc=$?
   tail -n 40 "$OUT/parts/$1.log"
   if [ "$rc" -ne 0 ]; then echo "!! part $1 exited with $rc (see $OUT/parts/$1.log)"; touch "$OUT/parts/FAILED"; fi
@@ -37,13 +46,22 @@ done
 for op in rmsnorm_bwd layernorm_bwd; do
   queue+=("${op}_train $op train")
 done
+if [ -n "${PARTS:-}" ]; then  # only the named parts, in the order given
+  picked=()
+  for name in $PARTS; do
+    for part in "${queue[@]}"; do
+      [ "${part%% *}" = "$name" ] && picked+=("$part")
+    done
+  done
+  queue=("${picked[@]}")
+fi
 # GPUS=n spreads the parts over n GPUs of the machine (part i on GPU i mod n), one queue each:
 # torch.compile's per-shape Inductor compiles dominate, so two GPUs halve the wall time
 GPUS=${GPUS:-1}
 rm -f "$OUT/parts/FAILED"
 for ((g = 0; g < GPUS; g++)); do
   (
-    export CUDA_VISIBLE_DEVICES=$g
+    export CUDA_VISIBLE_DEVICES=$((g + ${FIRST_GPU:-0}))
     for ((i = g; i < ${#queue[@]}; i += GPUS)); do
       # shellcheck disable=SC2086 - "name op rows" splits into run_part's three arguments
       run_part ${queue[$i]}

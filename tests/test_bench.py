@@ -119,6 +119,24 @@ def test_failing_impl_does_not_abort(monkeypatch, tmp_path):
     assert all(r["status"] == "ok" for r in recs if r["impl"] == "torch_eager")
 
 
+def test_interrupted_run_keeps_finished_cases(monkeypatch, tmp_path):
+    """A run stopped by SIGINT (bench/h200.sh's PART_SECONDS) writes the cases it finished and
+    says it was stopped."""
+    real, calls = bench.run_case, []
+
+    def stop_at_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(bench, "run_case", stop_at_second)
+    recs = _one(monkeypatch, tmp_path, "torch_eager", bench.build_torch_eager)
+    meta = json.loads((tmp_path / "w.json").read_text())["meta"]
+    assert meta["interrupted"] == "stopped after 1 of 2 cases"
+    assert [r["op"] for r in recs] == ["rmsnorm_fwd"] and recs[0]["status"] == "ok"
+
+
 def test_compare(run_dir, tmp_path, capsys):
     old = json.loads((run_dir / "t.json").read_text())
     new = copy.deepcopy(old)

@@ -839,13 +839,19 @@ def run(args, log=print) -> dict:
     log(f"# tuned library: {lib_info['note']}")
     meta = meta_header(args, kind, timer, roof, lib_info)
     records = []
-    for i, case in enumerate(cases):
-        recs = run_case(ctx, case, impls, timer, roof["copy_gbps"], args.refcheck, args.max_sets, args.seed,
-                        log=log)
-        records += recs
-        if not args.quiet:
-            cells = "  ".join(_cell(r) for r in recs)
-            log(f"[{i + 1}/{len(cases)}] {case.op} {case.dtype} H={case.hidden} M={case.rows}: {cells}")
+    try:
+        for i, case in enumerate(cases):
+            recs = run_case(ctx, case, impls, timer, roof["copy_gbps"], args.refcheck, args.max_sets,
+                            args.seed, log=log)
+            records += recs
+            if not args.quiet:
+                cells = "  ".join(_cell(r) for r in recs)
+                log(f"[{i + 1}/{len(cases)}] {case.op} {case.dtype} H={case.hidden} M={case.rows}: {cells}")
+    except KeyboardInterrupt:
+        # a run stopped by a time limit (SIGINT) keeps the cases it finished, and says so
+        done = len({(r["op"], r["dtype"], r["hidden"], r["rows"]) for r in records})
+        meta["interrupted"] = f"stopped after {done} of {len(cases)} cases"
+        log(f"# interrupted: {meta['interrupted']}")
     return {"meta": meta, "records": records}
 
 
