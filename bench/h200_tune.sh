@@ -44,7 +44,8 @@ if [ -f "$STATE/lib/manifest.json" ]; then
     # the library (tuning timed a static-row candidate; the library runs the symbolic-row kernel)
     if [ "$checked" -eq 0 ] && [ -f "$OUT/h200-tuned.json" ]; then
       python -m tvmnorm.tune accept "$STATE/schedules/cuda-sm_90.json" "$OUT/h200-tuned.json" \
-        "$OUT/accepted-cuda-sm_90.json" --accepted schedules/cuda-sm_90.json
+        "$OUT/accepted-cuda-sm_90.json" --accepted schedules/cuda-sm_90.json \
+        && cp "$OUT/accepted-cuda-sm_90.json" "$STATE/"  # for bench/h200_verify.sh on the same machine
     fi
   fi
 fi

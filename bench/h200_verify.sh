@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# After bench/h200_parallel.sh, on the same warm nvidia-h200-x2 machine: merge the records every
+# tune job accepted (float64-checked, no slower than the default in its library) into
+# schedules/cuda-sm_90.json, build the library from them, run the GPU tests, and benchmark with
+# every implementation, one queue of bench/h200.sh parts per GPU.
+#
+#   source .device/b/activate.sh && OUT=$OUT bash bench/h200_verify.sh
+#   PARTS0="rmsnorm_fwd_train" PARTS1="layernorm_fwd_train" TESTS= BUILD= OUT=$OUT bash bench/h200_verify.sh
+#     (a second call: the library of the first is reused, no tests)
+#
+# GPU 0 runs the tests first (TESTS=1, bounded by TEST_SECONDS) while the library builds, then
+# its parts (PARTS0); GPU 1 waits for the library, then runs PARTS1. (On GPU 0: the last lease's
+# pytest on GPU 1 skipped everything at import.) Every part is bounded by PART_SECONDS, so that the call
+# ends inside the device tool's 10 minutes: $OUT gets verify.tgz (the merged records, the test
+# log and each queue's bench/h200.sh output) and the logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tvmnorm-out}
+LIB=${LIB:-/tmp/tvmnorm-lib-verify}
+V=$OUT/verify
+mkdir -p "$V"
+export PYTHONUNBUFFERED=1 TVMNORM_CACHE=${TVMNORM_CACHE:-/tmp/tvmnorm-cache}
+if [ -n "${BUILD-1}" ]; then
+  python - "$V/cuda-sm_90.json" /tmp/tvmnorm-tune-*/accepted-cuda-sm_90.json <<'PY'
+import json, sys
+out, paths = sys.argv[1], [p for p in sys.argv[2:] if not p.endswith("*/accepted-cuda-sm_90.json")]
+base = json.load(open("schedules/cuda-sm_90.json"))
+for p in paths:  # each accepted file is the committed records plus that job's accepted ones
+    base["records"].update(json.load(open(p))["records"])
+    print(f"merged {p}")
+json.dump(base, open(out, "w"), indent=1, sort_keys=True)
+print(f"{len(base['records'])} records -> {out}")
+PY
+  cp "$V/cuda-sm_90.json" schedules/cuda-sm_90.json
+  (time python -m tvmnorm build --target cuda --shapes "${SHAPES:-all}" --stages fwd,bwd --dtypes "${DTYPES:-bf16}" \
+     --fp8 fp8e4m3 --out "$LIB") > "$V/build.log" 2>&1 &
+  build=$!
+fi
+PARTS0=${PARTS0-rmsnorm_fwd_fp8_train}
+PARTS1=${PARTS1-rmsnorm_bwd_train layernorm_bwd_train}
+(
+  if [ -n "${TESTS-1}" ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout "${TEST_SECONDS:-300}" python -m pytest tests -m gpu -q -p no:cacheprovider \
+      > "$V/pytest.txt" 2>&1
+    echo "pytest exit $?" >> "$V/pytest.txt"
+  fi
+  [ -n "${build:-}" ] && while kill -0 "$build" 2>/dev/null; do sleep 2; done
+  [ -z "$PARTS0" ] || PARTS="$PARTS0" FIRST_GPU=0 TVMNORM_LIBRARY=$LIB OUT=$V/gpu0 \
+    PART_SECONDS=${PART_SECONDS:-200} bash bench/h200.sh > "$V/gpu0.log" 2>&1
+) &
+[ -n "${build:-}" ] && wait "$build"
+[ -z "$PARTS1" ] || PARTS="$PARTS1" FIRST_GPU=1 TVMNORM_LIBRARY=$LIB OUT=$V/gpu1 \
+  PART_SECONDS=${PART_SECONDS:-200} bash bench/h200.sh > "$V/gpu1.log" 2>&1
+wait
+tail -3 "$V/build.log" 2>/dev/null; tail -5 "$V/pytest.txt" 2>/dev/null; tail -25 "$V"/gpu*.log 2>/dev/null
+tar czf "$OUT/verify.tgz" -C "$OUT" verify && rm -rf "$V"
