@@ -18,7 +18,7 @@ mkdir -p "$OUT" "$STATE/schedules"
 export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
 # the keys, databases, records and library of this run, shared by the tune and its recovery
 run=(--target cuda --shapes "${SHAPES:-all}" --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
-     --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
+     --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
      --schedules "$STATE/schedules" --out "$STATE/lib")
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
   2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' > "$STATE/tune-full.log"

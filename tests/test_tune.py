@@ -289,6 +289,11 @@ def test_cuda_dx_is_tuned_at_every_chunk_size():
     assert [owner[t][3] for t in funcs if owner[t][1] == "fwd"] == [None]
     funcs, owner = _tasks([bwd], "llvm", 256)
     assert [owner[t][3] for t in funcs] == [None]
+    # --chunk-rows picks a subset (a shorter lease); a size the space is not built for is refused
+    funcs, owner = _tasks([bwd], "cuda", 4097, chunks=[32, 16, 32])
+    assert [owner[t][3] for t in funcs] == [32, 16]
+    with pytest.raises(ValueError, match="not among"):
+        _tasks([bwd], "cuda", 4097, chunks=[48])
 
 
 class _FakeDatabase:

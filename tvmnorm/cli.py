@@ -123,6 +123,9 @@ def main(argv=None):
                         "every task has this many (default: --trials); the key stays due for more")
     p.add_argument("--recover-only", action="store_true",
                    help="only take records from the databases (see --min-trials) and build; tune nothing")
+    p.add_argument("--chunk-rows", type=lambda s: [int(v) for v in _csv(s)], default=None,
+                   help="rows per dgamma partial (T) to tune the CUDA bwd kernel at, e.g. 16,32 "
+                        "(default: 16,32,64; each is its own task)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

@@ -97,14 +97,14 @@ def _postprocs(kind):
 
 
 def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
-               workers: int | None = None, cuda_build: str | None = None) -> dict:
+               workers: int | None = None, cuda_build: str | None = None, chunks=None) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
     from ._tvm import IRModule, ms, target
     from .measure import InProcessBuilder, InProcessRunner
     from .sched.space import space_fn, space_size
     tgt = target(target_spec(kind))
-    funcs, owner = _tasks(keys, kind, rows)
+    funcs, owner = _tasks(keys, kind, rows, chunks)
     strategy = _search(min(space_size(k, kind) for k in keys))
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
@@ -224,25 +224,38 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     return records
 
 
-def _tasks(keys, kind, rows):
+def chunk_sizes(chunks=None) -> tuple:
+    """The chunk sizes T to tune the CUDA dx kernel at: ``chunks`` (a subset of CUDA_CHUNK_ROWS,
+    the sizes the fused design space is built for) or all of them."""
+    from .compute.norms import CUDA_CHUNK_ROWS
+    if not chunks:
+        return CUDA_CHUNK_ROWS
+    bad = [c for c in chunks if c not in CUDA_CHUNK_ROWS]
+    if bad:
+        raise ValueError(f"chunk rows {bad} not among {list(CUDA_CHUNK_ROWS)} (the sizes the bwd design space "
+                         f"is built for)")
+    return tuple(dict.fromkeys(chunks))
+
+
+def _tasks(keys, kind, rows, chunks=None):
     """task name -> static-row PrimFunc, and task name -> (key, part, rows, T), for the tuned
-    parts: the CUDA dx kernel once per chunk size in CUDA_CHUNK_ROWS (T is a compute constant,
-    not a schedule decision), every other part once (T None)."""
-    from .compute.norms import CUDA_CHUNK_ROWS, parts_of
+    parts: the CUDA dx kernel once per chunk size T (``chunk_sizes(chunks)``; T is a compute
+    constant, not a schedule decision), every other part once (T None)."""
+    from .compute.norms import parts_of
     from .sched.space import TUNED_PARTS
     funcs, owner = {}, {}
     for key in keys:
         for part in [p for p in parts_of(key, kind) if p in TUNED_PARTS]:
             n = tune_rows(key, kind, rows)
-            chunks = CUDA_CHUNK_ROWS if (kind == "cuda" and part == "dx") else (None,)
-            for chunk in chunks:
+            sizes = chunk_sizes(chunks) if (kind == "cuda" and part == "dx") else (None,)
+            for chunk in sizes:
                 task = f"{key.name}_{part}" + (f"_t{chunk}" if chunk else "")
                 funcs[task] = tuning_func(key, part, n, kind, chunk)
                 owner[task] = (key, part, n, chunk)
     return funcs, owner
 
 
-def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None) -> dict:
+def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, chunks=None) -> dict:
     """Records for keys an interrupted run measured but never wrote to schedules/: every task
     of the key has at least ``trials`` candidates in the database. A record's ``trials`` is how
     many its tasks had (the fewest over its tasks)."""
@@ -251,7 +264,7 @@ def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int 
     if not (work / "database_tuning_record.json").exists():
         return {}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    funcs, owner = _tasks(keys, kind, rows)
+    funcs, owner = _tasks(keys, kind, rows, chunks)
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials, need=trials)
 
 
@@ -259,10 +272,11 @@ def tune_main(args, keys) -> None:
     kind = args.target
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
+    chunks = chunk_sizes(getattr(args, "chunk_rows", None))
     records = load_records(kind, args.schedules)
     todo = [k for k in keys if records.get(k.pack(), {}).get("trials", 0) < args.trials]
     least = getattr(args, "min_trials", None) or args.trials
-    recovered = recover_records(todo, kind, least, logs, rows) if todo else {}
+    recovered = recover_records(todo, kind, least, logs, rows, chunks) if todo else {}
     if recovered:
         records.update(recovered)
         save_records(kind, records, args.schedules)
@@ -290,7 +304,8 @@ def tune_main(args, keys) -> None:
         group = todo[i:i + batch]
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
-            found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build)
+            found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build,
+                               chunks)
         except TuningBroken as e:
             print(f"\nstopping: {e}", file=sys.stderr)
             raise SystemExit(2)
