@@ -28,6 +28,9 @@ DECODE_IMPLS=${DECODE_IMPLS:-$IMPLS}
 mkdir -p "$OUT/parts"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
   > "$OUT/nvidia-smi.csv" 2>&1 || true
+# one lock for every bench process on this machine (both queues, and h200_verify.sh's two
+# h200.sh runs): a part times only while no other process compiles or times (see HostLock)
+export TVMNORM_BENCH_LOCK=${TVMNORM_BENCH_LOCK:-/tmp/tvmnorm-bench.lock}
 run_part() {  # name ops rows: one op in its own process; a failure is reported and the run goes on
   local impls=$IMPLS
   [ "$3" = decode ] && impls=$DECODE_IMPLS

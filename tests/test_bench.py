@@ -162,3 +162,32 @@ def test_merge(run_dir, tmp_path):
     bench.validate(merged)
     assert len(merged["records"]) == 2 * len(json.loads((run_dir / "t.json").read_text())["records"])
     assert len(merged["meta"]["merged_from"]) == 2
+
+
+def test_host_lock_keeps_timing_apart_from_setup(tmp_path):
+    """Setups share the lock; timing waits for every setup (and timing) of other processes."""
+    import threading
+    import time
+
+    lock = bench.HostLock(str(tmp_path / "bench.lock"))
+    entered, release = threading.Event(), threading.Event()
+
+    def setup_elsewhere():
+        with bench.HostLock(lock.path).setup():
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=setup_elsewhere)
+    t.start()
+    entered.wait(5)
+    t0 = time.perf_counter()
+    with lock.setup():  # another setup does not wait
+        assert time.perf_counter() - t0 < 0.2
+    threading.Timer(0.3, release.set).start()
+    t0 = time.perf_counter()
+    with lock.timing():
+        waited = time.perf_counter() - t0
+    t.join()
+    assert waited >= 0.25, f"timing started {waited:.3f}s into another process's setup"
+    with bench.HostLock(None).timing():  # no path: no lock
+        pass
