@@ -11,15 +11,28 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
 mkdir -p "$OUT"
 i=${FIRST_GPU:-0}
+# each job on its own slice of the host's cores: with every job sizing its search threads,
+# build workers and TVM/OpenMP pools to the whole machine, two jobs oversubscribed it (a
+# suspected cause of the 20-85 s between a bwd task's measurements and its cost-model update in
+# the third lease's logs); the pools follow the affinity mask (tvmnorm.targets.usable_cores)
+cores=$(nproc)
+slice=$((cores / $#))
+[ "$slice" -ge 1 ] || slice=1
+k=0
 for job in "$@"; do
   name=${job%%:*}
   vars=${job#*:}
+  pin=()
+  if command -v taskset > /dev/null && [ "$#" -gt 1 ]; then
+    pin=(taskset -c "$((k * slice))-$((k * slice + slice - 1))")
+  fi
   (
     # shellcheck disable=SC2086 - the job's VAR=value words are meant to split
     env $vars CUDA_VISIBLE_DEVICES="$i" STATE="/tmp/tvmnorm-tune-$name" OUT="$OUT/$name" \
-      bash bench/h200_tune.sh > "$OUT/$name.log" 2>&1
+      OMP_NUM_THREADS="$slice" "${pin[@]}" bash bench/h200_tune.sh > "$OUT/$name.log" 2>&1
     tar czf "$OUT/$name.tgz" -C "$OUT" "$name" "$name.log" && rm -rf "${OUT:?}/$name" "$OUT/$name.log"
   ) &
   i=$((i + 1))
+  k=$((k + 1))
 done
 wait

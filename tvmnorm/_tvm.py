@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 
+from .targets import usable_cores  # noqa: E402 - no TVM import there
+
 # TVM's CPU thread pool assumes two hardware threads per core on x86 and uses half of the
 # logical CPUs; on machines without SMT (this VM, many cloud instances) that leaves cores idle:
 # rmsnorm fwd fp32 H=4096 went from 4842 to 3618 us on 2 cores with all of them.
-os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+os.environ.setdefault("TVM_NUM_THREADS", str(usable_cores()))
 
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402

@@ -21,6 +21,7 @@ import tempfile
 import numpy as np
 
 from ._tvm import compile_module, load_module, ms, tvm
+from .targets import usable_cores
 
 from tvm.ir.utils import derived_object as _derived  # noqa: E402
 
@@ -74,7 +75,7 @@ class InProcessBuilder(ms.builder.PyBuilder):
                  cuda_build: str = "nvrtc", timeout: float = 300.0):
         super().__init__()
         self.kind, self.arch, self.cuda_build, self.timeout = kind, arch, cuda_build, timeout
-        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.workers = max(1, workers or usable_cores())
         self._pool = None
         self.errors = []  # the first few build errors, for a caller that finds nothing worked
 

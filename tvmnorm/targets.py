@@ -15,6 +15,17 @@ import functools
 import os
 
 KINDS = ("llvm", "cuda")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not every core of the machine:
+    tuning jobs that share a host are pinned to a slice of it (bench/h200_parallel.sh), and
+    thread pools sized to the whole machine then oversubscribe it."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
 CUDA_ARCH = os.environ.get("TVMNORM_CUDA_ARCH", "sm_90")
 
 

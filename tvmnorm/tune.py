@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from .key import DTYPE_BYTES, NormKey
-from .targets import target_name, target_spec
+from .targets import target_name, target_spec, usable_cores
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TUNE_ROWS = {"cuda": 16384, "llvm": 1024}
@@ -182,7 +182,7 @@ def _search(points: int = 256):
 def _search_cores(kind: str) -> int:
     # On CUDA candidates are timed on the GPU, so the search may use every core; on the CPU the
     # search and the measured kernels would share them
-    return max(1, os.cpu_count() or 1) if kind == "cuda" else 1
+    return usable_cores() if kind == "cuda" else 1
 
 
 def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
