@@ -375,3 +375,14 @@ def test_a_record_with_another_chunk_size_serves_right_results(tmp_path, chunk, 
     for rows in (1, chunk - 1, chunk, chunk + 1, 5 * chunk + 3):
         inputs = make_inputs(key, rows, rng)
         check_outputs(key, inputs, call(k, inputs, rows), f"T={chunk} rows={rows} seed={seed}")
+
+
+def test_cost_model_trains_with_few_threads(monkeypatch):
+    """XGBoost trains on tens of candidates: with a thread per core of a busy host it was 37x
+    slower here (300 rounds, 32 threads on 2 loaded cores: 18 s, 2 threads: 0.5 s)."""
+    import tvmnorm.tune as tune
+    monkeypatch.setattr(tune, "usable_cores", lambda: 32)
+    model = tune._cost_model("cuda")
+    assert model.config.nthread == 8
+    monkeypatch.setattr(tune, "usable_cores", lambda: 2)
+    assert tune._cost_model("cuda").config.nthread == 2

@@ -116,7 +116,8 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
                      max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
                      space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
-                     cost_model="xgb", strategy=strategy, seed=seed, num_tuning_cores=_search_cores(kind))
+                     cost_model=_cost_model(kind), strategy=strategy, seed=seed,
+                     num_tuning_cores=_search_cores(kind))
     if not runner.measured:
         # every candidate of every task failed: a broken toolchain or device, not a bad space;
         # going on would spend the whole budget (one GPU lease) learning nothing
@@ -177,6 +178,16 @@ def _search(points: int = 256):
     return ms.search_strategy.EvolutionarySearch(population_size=population, init_measured_ratio=0.0,
                                                  init_min_unmeasured=min(64, population), genetic_num_iters=1,
                                                  eps_greedy=0.1)
+
+
+def _cost_model(kind: str):
+    """MetaSchedule's XGBoost model with at most 8 training threads: it trains on tens to a few
+    hundred measured candidates, where more threads only add OpenMP barriers per boosting round
+    (and on a host shared by two tuning jobs, oversubscription: see tuning_logs/cuda-sm_90/README.md)."""
+    from ._tvm import ms
+    cores = _search_cores(kind)
+    config = ms.cost_model.xgb_model.XGBConfig(nthread=min(8, cores))
+    return ms.cost_model.XGBModel(config=config, num_tuning_cores=cores)
 
 
 def _search_cores(kind: str) -> int:
