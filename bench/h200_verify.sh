@@ -8,11 +8,12 @@
 #   PARTS0="rmsnorm_fwd_train" PARTS1="layernorm_fwd_train" TESTS= BUILD= OUT=$OUT bash bench/h200_verify.sh
 #     (a second call: the library of the first is reused, no tests)
 #
-# GPU 0 runs the tests first (TESTS=1, bounded by TEST_SECONDS) while the library builds, then
-# its parts (PARTS0); GPU 1 waits for the library, then runs PARTS1. (On GPU 0: the last lease's
-# pytest on GPU 1 skipped everything at import.) Every part is bounded by PART_SECONDS, so that the call
-# ends inside the device tool's 10 minutes: $OUT gets verify.tgz (the merged records, the test
-# log and each queue's bench/h200.sh output) and the logs.
+# The GPU tests run first, in SHARDS processes over both GPUs (bench/gpu_tests.sh, bounded by
+# TEST_SECONDS), while the library builds on the host; then each GPU runs its queue of parts
+# (PARTS0, PARTS1), each bounded by PART_SECONDS, so that the call ends inside the device tool's
+# 10 minutes. The parts start only after the tests: many test processes on the host would slow
+# the launch of the Python-launched peers being timed. $OUT gets verify.tgz (the merged records,
+# the build log, the test logs and each queue's bench/h200.sh output).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -38,19 +39,15 @@ PY
 fi
 PARTS0=${PARTS0-rmsnorm_fwd_fp8_train}
 PARTS1=${PARTS1-rmsnorm_bwd_train layernorm_bwd_train}
-(
-  if [ -n "${TESTS-1}" ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout "${TEST_SECONDS:-300}" python -m pytest tests -m gpu -q -p no:cacheprovider \
-      > "$V/pytest.txt" 2>&1
-    echo "pytest exit $?" >> "$V/pytest.txt"
-  fi
-  [ -n "${build:-}" ] && while kill -0 "$build" 2>/dev/null; do sleep 2; done
-  [ -z "$PARTS0" ] || PARTS="$PARTS0" FIRST_GPU=0 TVMNORM_LIBRARY=$LIB OUT=$V/gpu0 \
-    PART_SECONDS=${PART_SECONDS:-200} bash bench/h200.sh > "$V/gpu0.log" 2>&1
-) &
+if [ -n "${TESTS-1}" ]; then
+  SHARDS=${SHARDS:-12} GPUS=2 OUT=$V TEST_SECONDS=${TEST_SECONDS:-300} bash bench/gpu_tests.sh > "$V/tests.log" 2>&1
+fi
 [ -n "${build:-}" ] && wait "$build"
-[ -z "$PARTS1" ] || PARTS="$PARTS1" FIRST_GPU=1 TVMNORM_LIBRARY=$LIB OUT=$V/gpu1 \
-  PART_SECONDS=${PART_SECONDS:-200} bash bench/h200.sh > "$V/gpu1.log" 2>&1
+for g in 0 1; do
+  parts=PARTS$g
+  [ -z "${!parts}" ] || PARTS="${!parts}" FIRST_GPU=$g TVMNORM_LIBRARY=$LIB OUT=$V/gpu$g \
+    PART_SECONDS=${PART_SECONDS:-200} bash bench/h200.sh > "$V/gpu$g.log" 2>&1 &
+done
 wait
-tail -3 "$V/build.log" 2>/dev/null; tail -5 "$V/pytest.txt" 2>/dev/null; tail -25 "$V"/gpu*.log 2>/dev/null
+tail -3 "$V/build.log" 2>/dev/null; cat "$V/gpu-tests/summary.txt" 2>/dev/null; tail -25 "$V"/gpu*.log 2>/dev/null
 tar czf "$OUT/verify.tgz" -C "$OUT" verify && rm -rf "$V"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU tests in SHARDS pytest processes spread over GPUS GPUs. A GPU test spends most of its
+# time in the float64 reference on the host (numpy, one core): one pytest process needed about
+# 15 minutes for the 492 GPU tests on an H200 lease, so the tests are cut into shards that run at
+# once (they check numbers, not speed: GPUs may be shared).
+#
+#   source .device/b/activate.sh && SHARDS=12 GPUS=2 OUT=$OUT bash bench/gpu_tests.sh
+#   SHARDS=4 GPUS=1 MARK="gpu" bash bench/gpu_tests.sh tests/test_gpu_core.py -k edges
+#
+# Test ids go round-robin to the shards (neighbouring parametrisations have similar cost). Each
+# shard writes $OUT/gpu-tests/shard-<i>.txt; the summary ($OUT/gpu-tests/summary.txt) adds up
+# passed/failed/skipped/errors and lists every failure. TEST_SECONDS bounds each shard. Exit
+# status: 0 only if every shard passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tvmnorm-out}
+SHARDS=${SHARDS:-8}
+GPUS=${GPUS:-1}
+MARK=${MARK:-gpu}
+D=$OUT/gpu-tests
+mkdir -p "$D"
+python -m pytest --collect-only -q -m "$MARK" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
+  | grep '::' > "$D/ids.txt"
+total=$(wc -l < "$D/ids.txt")
+echo "$total tests in $SHARDS shards on $GPUS GPU(s)"
+for ((i = 0; i < SHARDS; i++)); do
+  awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-$i.txt"
+  [ -s "$D/ids-$i.txt" ] || continue
+  # shellcheck disable=SC2046 - one argument per test id (ids hold no spaces)
+  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs -p no:cacheprovider \
+    -m "$MARK" $(cat "$D/ids-$i.txt") > "$D/shard-$i.txt" 2>&1 &
+done
+wait
+python - "$D" "$total" <<'PY' | tee "$D/summary.txt"
+import pathlib, re, sys
+d, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+counts, failures, unfinished = {}, [], []
+for f in sorted(d.glob("shard-*.txt")):
+    text = f.read_text()
+    final = [l for l in text.splitlines()
+             if re.search(r"\b\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s", l)]
+    if not final:
+        why = "ran no tests" if "no tests ran" in text else "no summary line (stopped by TEST_SECONDS or crashed)"
+        unfinished.append(f"{f.name}: {why}")
+    for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", final[-1] if final else ""):
+        counts[what.rstrip("s") if what.startswith("error") else what] = counts.get(what, 0) + int(n)
+    failures += [l for l in text.splitlines() if l.startswith(("FAILED ", "ERROR "))]
+print(f"{total} tests: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+for line in unfinished:
+    print(line)
+if not counts.get("passed"):
+    print("no test passed: on a GPU machine, read a shard's skip reasons (-rs)")
+print("\n".join(failures))
+sys.exit(1 if failures or unfinished or not counts.get("passed")
+         or counts.get("passed", 0) + counts.get("skipped", 0) < total else 0)
+PY
