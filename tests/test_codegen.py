@@ -95,3 +95,14 @@ def test_fp8_amax_is_reduced_by_many_blocks_then_one():
     first = kernel(src, "amax")
     assert f"blockIdx.x) * (int64_t){AMAX_CHUNK})" in first, "the first stage is not one block per chunk"
     assert re.search(r"__global__ void __launch_bounds__\(1024\) \w+_amax_kernel_1\(", src), "no second stage"
+
+
+def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
+    """LayerNorm's dx needs sum(dy*g) and sum(dy*g*xhat) per row: one tuple allreduce on CUDA, so
+    a multi-warp row has as many barriers as RMSNorm's one sum (two chained ones had twice as
+    many: 16 against 8 at hidden 4096)."""
+    ln = kernel(cuda_source(NormKey(norm="layernorm", stage="bwd", hidden_size=4096)), "dx")
+    rms = kernel(cuda_source(NormKey(norm="rmsnorm", stage="bwd", hidden_size=4096)), "dx")
+    assert "red_buf_staging" in ln, "expected a multi-warp allreduce at this width"
+    assert ln.count("__syncthreads") == rms.count("__syncthreads")
+    assert "red_buf1" in ln, "the two sums do not share one allreduce"

@@ -38,6 +38,7 @@ import contextlib
 import csv
 import dataclasses
 import datetime
+import fcntl
 import importlib.metadata
 import json
 import math
@@ -456,7 +457,6 @@ class HostLock:
         if not self.path:
             yield
             return
-        import fcntl
         with open(self.path, "a+") as f:
             fcntl.flock(f, mode)
             try:
@@ -465,11 +465,9 @@ class HostLock:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def setup(self):
-        import fcntl
         return self._hold(fcntl.LOCK_SH)
 
     def timing(self):
-        import fcntl
         return self._hold(fcntl.LOCK_EX)
 
 

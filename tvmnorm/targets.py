@@ -26,6 +26,7 @@ def usable_cores() -> int:
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
 
+
 CUDA_ARCH = os.environ.get("TVMNORM_CUDA_ARCH", "sm_90")
 
 

@@ -179,9 +179,9 @@ def fwd(key: NormKey, rows=None, name="fwd"):
 
 
 # Rows of amax_row that one block of the amax kernel's first stage reduces. One block reducing
-# every row read 524288 rows (QK-norm at 16384 tokens) with 512 dependent loads per thread,
-# about 200 us next to a ~70 us norm; in chunks, the first stage is one wave of blocks with 4
-# loads per thread and the second reduces ceil(n / 4096) values.
+# every row read 524288 rows (QK-norm at 16384 tokens) with 512 loads per thread in a loop: on
+# the H200 rmsnorm fp8 at hidden 128 took 275 us in all, 97 us in two stages; the first stage is
+# one wave of blocks with 4 loads per thread, the second reduces ceil(n / 4096) values.
 AMAX_CHUNK = 4096
 
 
