@@ -79,3 +79,13 @@ def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch)
     for stage in ("fwd", "bwd"):
         key = NormKey(stage=stage, itype="fp32", wtype="fp32", otype="fp32", hidden_size=96)
         assert reg.get(key, "llvm").origin == "default"
+
+
+def test_list_shows_the_backward_chunk_size(tmp_path):
+    """A backward kernel's line names its T (rows per dgamma partial), which the runtime sizes
+    the partials by: llvm's default at hidden 128 is 128 rows (T * H >= 16384)."""
+    out = tmp_path / "lib"
+    tvmnorm_cli("build", "--target", "llvm", "--hidden", "128", "--norms", "rmsnorm", "--stages", "bwd",
+                "--dtypes", "fp32", "--no-tuned", "--out", str(out))
+    (line,) = [ln for ln in tvmnorm_cli("list", "--library", str(out)).splitlines()[1:] if ln.strip()]
+    assert line.endswith("[default, T=128]"), line

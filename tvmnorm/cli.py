@@ -87,7 +87,9 @@ def cmd_list(args):
     for e in manifest["kernels"]:
         k = NormKey.unpack(int(e["key"]))
         zc = ", zero_centered_gamma" if k.zero_centered_gamma else ""
-        print(f"{int(e['key']):#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  [{e['origin']}]")
+        # T: the rows per dgamma partial of a backward kernel (the runtime sizes the partials by it)
+        chunk = f", T={e['rows_per_partial']}" if e.get("rows_per_partial") else ""
+        print(f"{int(e['key']):#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  [{e['origin']}{chunk}]")
 
 
 def cmd_tune(args):
