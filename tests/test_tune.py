@@ -267,13 +267,26 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
 def test_search_population_follows_the_space_size():
     """The population drawn each round is the space's size (32..256): the fused CUDA backward's
     ~100 points over 12-20 design spaces took ~9 s per task and round to draw at 256."""
-    from tvmnorm.sched.space import ROWS, space_size
+    from tvmnorm.sched.space import space_size
     from tvmnorm.tune import _search
-    bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
-    assert space_size(bwd, "cuda") == len(design_spaces(bwd, "cuda")) * len(ROWS) < 256
+    bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
+    assert 32 < space_size(bwd, "cuda") < 256
     assert _search(space_size(bwd, "cuda")).population_size == space_size(bwd, "cuda")
+    assert _search(space_size(NormKey(norm="layernorm", stage="bwd", hidden_size=7168), "cuda")).population_size == 32
     assert _search(space_size(NormKey(hidden_size=4096), "cuda")).population_size == 256
     assert _search(space_size(NormKey(hidden_size=1000), "llvm")).population_size == 32
+
+
+def test_fused_space_samples_only_valid_block_sizes():
+    """Each fused variant samples only the chunk lanes per block that keep a block within 1024
+    threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168
+    held 20 invalid points, which MetaSchedule kept sampling to find the 15 valid ones)."""
+    from tvmnorm.sched.space import ROWS, fused_cuda_variants, fused_rows, space_size
+    bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
+    variants = fused_cuda_variants(bwd)
+    assert all(t * r <= 1024 for t, _, _ in variants for r in fused_rows(t))
+    assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) for t, _, _ in variants) < len(variants) * len(ROWS)
+    assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
 
 
 def test_cuda_dx_is_tuned_at_every_chunk_size():

@@ -72,7 +72,7 @@ def cuda_space(key: NormKey, fused=None):
     operands and partial sums (a constant of the trace, see _thread_layout), and its loops over
     registers are unrolled whatever the unroll knob, so only rows per block is sampled there."""
     def space(sch):
-        rows = _categorical(sch, ROWS)
+        rows = _categorical(sch, fused_rows(fused[0]) if fused is not None else ROWS)
         if fused is not None:
             threads, vec, prefetch = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch)
@@ -83,6 +83,14 @@ def cuda_space(key: NormKey, fused=None):
         schedule_rows_cuda(None, cfg, sch=sch)
         return sch
     return space
+
+
+def fused_rows(threads: int) -> list:
+    """Chunk lanes per block (threadIdx.y) a fused variant of ``threads`` threads per lane can
+    have within 1024 threads per block. Sampling the others only made invalid candidates, and
+    where few were valid (7 variants x 2 at hidden 7168) MetaSchedule spent round after round
+    of sampling to find the last unmeasured ones."""
+    return [r for r in ROWS if threads * r <= 1024]
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
@@ -176,7 +184,7 @@ def space_size(key: NormKey, kind: str) -> int:
             n *= len(values)
         return n
     if key.stage in ("bwd", "bwd_add"):
-        return len(fused_cuda_variants(key)) * len(ROWS)
+        return sum(len(fused_rows(threads)) for threads, _, _ in fused_cuda_variants(key))
     return len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
 
 
