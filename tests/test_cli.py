@@ -89,3 +89,13 @@ def test_list_shows_the_backward_chunk_size(tmp_path):
                 "--dtypes", "fp32", "--no-tuned", "--out", str(out))
     (line,) = [ln for ln in tvmnorm_cli("list", "--library", str(out)).splitlines()[1:] if ln.strip()]
     assert line.endswith("[default, T=128]"), line
+
+
+def test_search_overhead_runs_the_search_without_a_gpu():
+    """scripts/search_overhead.py times the CUDA search with a fake builder and runner: every
+    trial is recorded, nothing is compiled or timed on a device."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "search_overhead.py")
+    r = subprocess.run([sys.executable, script, "--norms", "rmsnorm", "--stages", "bwd", "--hidden", "1024",
+                        "--chunk-rows", "16", "--trials", "3"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1 keys, 1 tasks, 3 candidates, 3 trials per task" in r.stdout, r.stdout[-500:]

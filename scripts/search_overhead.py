@@ -1,0 +1,68 @@
+"""Time MetaSchedule's search alone for CUDA keys, on a machine without a GPU: candidates are
+drawn, ranked and recorded as in `tvmnorm tune`, but a fake builder compiles nothing and a fake
+runner returns random times. What it prints is the per-key cost of the search itself (design
+spaces, population draws, the cost model), the part of tuning that no GPU speeds up.
+
+  python scripts/search_overhead.py --norms layernorm --stages bwd --hidden 1024,2048,4096,7168 \\
+      --chunk-rows 16,32 --trials 16
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+
+
+def main(argv=None) -> int:
+    from tvmnorm.cli import add_key_args, keys_from_args
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_key_args(p, stages_default="bwd")
+    p.add_argument("--trials", type=int, default=8, help="candidates per task")
+    p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32")
+    args = p.parse_args(argv)
+    from tvm.ir.utils import derived_object
+
+    from tvmnorm._tvm import IRModule, ms, target
+    from tvmnorm.measure import _Done
+    from tvmnorm.sched.space import space_fn, space_size
+    from tvmnorm.targets import target_spec
+    from tvmnorm.tune import _cost_model, _postprocs, _search, _search_cores, _tasks
+
+    @derived_object
+    class FakeBuilder(ms.builder.PyBuilder):
+        # each artifact in its own fresh directory: MetaSchedule deletes the artifact's directory
+        # after the run
+        def build(self, inputs):
+            return [ms.builder.BuilderResult(os.path.join(tempfile.mkdtemp(prefix="tvmnorm-fake-"), "c.so"), None)
+                    for _ in inputs]
+
+    @derived_object
+    class FakeRunner(ms.runner.PyRunner):
+        def run(self, inputs):
+            return [_Done(ms.runner.RunnerResult([random.uniform(1e-4, 2e-4)], None)) for _ in inputs]
+
+    keys = keys_from_args(args)
+    chunks = [int(c) for c in args.chunk_rows.split(",")] if args.chunk_rows else None
+    funcs, owner = _tasks(keys, "cuda", None, chunks)
+    spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], "cuda"), sch_rules=[],
+                                                  postprocs=_postprocs("cuda"), mutator_probs={})
+              for task in funcs}
+    with tempfile.TemporaryDirectory(prefix="tvmnorm-search-") as work:
+        t0 = time.time()
+        db = ms.tune_tir(IRModule(funcs), target(target_spec("cuda")), work, max_trials_global=args.trials * len(funcs),
+                         max_trials_per_task=args.trials, num_trials_per_iter=min(args.trials, 16),
+                         space="post-order-apply", special_space=spaces, builder=FakeBuilder(), runner=FakeRunner(),
+                         cost_model=_cost_model("cuda"), strategy=_search(min(space_size(k, "cuda") for k in keys)),
+                         seed=1, num_tuning_cores=_search_cores("cuda"))
+        wall = time.time() - t0
+        measured = len(db.get_all_tuning_records())
+    print(f"{len(keys)} keys, {len(funcs)} tasks, {measured} candidates, {args.trials} trials per task: "
+          f"{wall:.1f} s, {wall / len(keys):.1f} s per key, {_search_cores('cuda')} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
