@@ -23,10 +23,9 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=8, help="candidates per task")
     p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32")
     args = p.parse_args(argv)
-    from tvm.ir.utils import derived_object
-
     from tvmnorm._tvm import IRModule, ms, target
     from tvmnorm.measure import _Done
+    from tvmnorm.measure import _derived as derived_object
     from tvmnorm.sched.space import space_fn, space_size
     from tvmnorm.targets import target_spec
     from tvmnorm.tune import _cost_model, _postprocs, _search, _search_cores, _tasks
