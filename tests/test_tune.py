@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -68,6 +69,7 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     r = tvmnorm("tune", *common, "--out", str(tmp_path / "lib"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "tuning 2 of 2 keys" in r.stderr
+    assert re.search(r"tuned 2 keys in \d+ s: [\d.]+ s per key", r.stderr), r.stderr[-1000:]
     sched = json.loads(next((tmp_path / "sch").glob("llvm-*.json")).read_text())
     recs = {int(k, 16): v for k, v in sched["records"].items()}
     fwd, bwd = NormKey(itype="fp32", wtype="fp32", otype="fp32", hidden_size=384), NormKey(

@@ -327,6 +327,9 @@ def tune_main(args, keys) -> None:
         save_records(kind, records, args.schedules)  # after every batch: an interrupt loses little
     _bar(len(todo), len(todo), t0, "done")
     print(file=sys.stderr)
+    if todo:  # the yardstick: seconds per key, search, builds and measurements together
+        spent = time.time() - t0
+        print(f"tuned {len(todo)} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key", file=sys.stderr)
     if not args.no_build:
         from .build import build_library
         from .runtime import DEFAULT_LIBRARY_ROOT
