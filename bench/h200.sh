@@ -6,7 +6,8 @@
 #   OUT=/path bash bench/h200.sh      # or: bash bench/h200.sh /path   (default bench/results/h200)
 #   GPUS=2 OUT=$OUT bash bench/h200.sh   # on nvidia-h200-x2
 #   PARTS="rmsnorm_bwd_train layernorm_bwd_train" FIRST_GPU=1 PART_SECONDS=240 bash bench/h200.sh
-#     (only these parts, on GPU 1 onwards, each stopped after 240 s: what it timed is kept)
+#     (only these parts, on GPU 1 onwards, each stopped after 240 s: what it timed is kept;
+#     DEADLINE_EPOCH=<unix time> also stops every part by then and skips those it cannot start)
 #
 # Needs torch with CUDA, triton, liger-kernel and TVM importable (PYTHONPATH is fine), and the
 # tuned CUDA library (tvmnorm/_lib/cuda or $TVMNORM_LIBRARY; without it tvmnorm_tuned is "missing").
@@ -32,10 +33,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 # h200.sh runs): a part times only while no other process compiles or times (see HostLock)
 export TVMNORM_BENCH_LOCK=${TVMNORM_BENCH_LOCK:-/tmp/tvmnorm-bench.lock}
 run_part() {  # name ops rows: one op in its own process; a failure is reported and the run goes on
-  local impls=$IMPLS
+  local impls=$IMPLS limit=${PART_SECONDS:-}
   [ "$3" = decode ] && impls=$DECODE_IMPLS
-  # shellcheck disable=SC2086 - an empty PART_SECONDS runs the part without a limit
-  ${PART_SECONDS:+timeout --signal=INT $PART_SECONDS} python -m tvmnorm.bench --target cuda --ops "$2" \
+  if [ -n "${DEADLINE_EPOCH:-}" ]; then  # a caller's hard stop (the device call's limit)
+    local left=$((DEADLINE_EPOCH - $(date +%s)))
+    if [ "$left" -lt 20 ]; then echo "!! part $1 skipped: the deadline is near"; return; fi
+    [ -z "$limit" ] || [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  # shellcheck disable=SC2086 - an empty limit runs the part without one
+  ${limit:+timeout --signal=INT $limit} python -m tvmnorm.bench --target cuda --ops "$2" \
     --dtypes "$DTYPES" --shapes "$SHAPES" --rows "$3" --impls "$impls" --out "$OUT/parts/$1" --name "$1" \
     --no-plots > "$OUT/parts/$1.log" 2>&1
   local rc=$?

@@ -18,6 +18,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
 LIB=${LIB:-/tmp/tvmnorm-lib-verify}
+# the bench parts stop by DEADLINE seconds from now (default 540: the device call's 600 s limit
+# less the start-up and the final tar), so that verify.tgz is written before the call is killed
+export DEADLINE_EPOCH=$(($(date +%s) + ${DEADLINE:-540}))
 V=$OUT/verify
 mkdir -p "$V"
 export PYTHONUNBUFFERED=1 TVMNORM_CACHE=${TVMNORM_CACHE:-/tmp/tvmnorm-cache}
