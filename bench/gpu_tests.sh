@@ -23,6 +23,7 @@ python -m pytest --collect-only -q -m "$MARK" -p no:cacheprovider "${@:-tests}" 
   | grep '::' > "$D/ids.txt"
 total=$(wc -l < "$D/ids.txt")
 echo "$total tests in $SHARDS shards on $GPUS GPU(s)"
+set -f  # test ids hold brackets: never glob them against file names
 for ((i = 0; i < SHARDS; i++)); do
   awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-$i.txt"
   [ -s "$D/ids-$i.txt" ] || continue
