@@ -206,18 +206,18 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     for task, func in funcs.items():
         key, part, rows, chunk = owner[task]
         mod = IRModule({"main": func})
-        if need and (not db.has_workload(mod) or len(db.get_top_k(db.commit_workload(mod), need)) < need):
-            short.add(key.pack())
-            continue
+        if need:  # the task's measured candidates, counted once
+            n = len(db.get_top_k(db.commit_workload(mod), 1 << 20)) if db.has_workload(mod) else 0
+            if n < need:
+                short.add(key.pack())
+                continue
+            done[key.pack()] = min(done.get(key.pack(), n), n)
         rec = db.query_tuning_record(mod, tgt, workload_name="main")
         if rec is None or not rec.run_secs:
             if not need:
                 print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
             short.add(key.pack())
             continue
-        if need:
-            n = len(db.get_top_k(db.commit_workload(mod), 1 << 20))
-            done[key.pack()] = min(done.get(key.pack(), n), n)
         us = 1e6 * min(float(x) for x in rec.run_secs)
         r = records.setdefault(key.pack(), {"key": key.name, "describe": key.describe(), "rows": rows,
                                             "trials": trials, "parts": {}, "run_us": {}})
