@@ -23,12 +23,10 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=8, help="candidates per task")
     p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32")
     args = p.parse_args(argv)
-    from tvmnorm._tvm import IRModule, ms, target
+    from tvmnorm._tvm import ms
     from tvmnorm.measure import _Done
     from tvmnorm.measure import _derived as derived_object
-    from tvmnorm.sched.space import space_fn, space_size
-    from tvmnorm.targets import target_spec
-    from tvmnorm.tune import _cost_model, _postprocs, _search, _search_cores, _tasks
+    from tvmnorm.tune import _search_cores, _tasks, search_session
 
     @derived_object
     class FakeBuilder(ms.builder.PyBuilder):
@@ -46,16 +44,9 @@ def main(argv=None) -> int:
     keys = keys_from_args(args)
     chunks = [int(c) for c in args.chunk_rows.split(",")] if args.chunk_rows else None
     funcs, owner = _tasks(keys, "cuda", None, chunks)
-    spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], "cuda"), sch_rules=[],
-                                                  postprocs=_postprocs("cuda"), mutator_probs={})
-              for task in funcs}
     with tempfile.TemporaryDirectory(prefix="tvmnorm-search-") as work:
         t0 = time.time()
-        db = ms.tune_tir(IRModule(funcs), target(target_spec("cuda")), work, max_trials_global=args.trials * len(funcs),
-                         max_trials_per_task=args.trials, num_trials_per_iter=min(args.trials, 16),
-                         space="post-order-apply", special_space=spaces, builder=FakeBuilder(), runner=FakeRunner(),
-                         cost_model=_cost_model("cuda"), strategy=_search(min(space_size(k, "cuda") for k in keys)),
-                         seed=1, num_tuning_cores=_search_cores("cuda"))
+        db = search_session(keys, funcs, owner, "cuda", args.trials, work, FakeBuilder(), FakeRunner())
         wall = time.time() - t0
         measured = len(db.get_all_tuning_records())
     print(f"{len(keys)} keys, {len(funcs)} tasks, {measured} candidates, {args.trials} trials per task: "

@@ -96,34 +96,40 @@ def _postprocs(kind):
     return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
 
 
+def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, runner, seed: int = 1):
+    """One MetaSchedule session over ``funcs`` (see _tasks) with our design spaces, search and
+    cost model, candidates built by ``builder`` and timed by ``runner``; returns the database.
+    tune_batch runs it with the real builder and runner, scripts/search_overhead.py with fakes."""
+    from ._tvm import IRModule, ms, target
+    from .sched.space import space_fn, space_size
+    spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
+                                                  postprocs=_postprocs(kind), mutator_probs={})
+              for task in funcs}
+    return ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
+                       max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
+                       space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
+                       cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
+                       seed=seed, num_tuning_cores=_search_cores(kind))
+
+
 def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
                workers: int | None = None, cuda_build: str | None = None, chunks=None) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
-    from ._tvm import IRModule, ms, target
+    from ._tvm import target
     from .measure import InProcessBuilder, InProcessRunner
-    from .sched.space import space_fn, space_size
-    tgt = target(target_spec(kind))
     funcs, owner = _tasks(keys, kind, rows, chunks)
-    strategy = _search(min(space_size(k, kind) for k in keys))
-    spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
-                                                  postprocs=_postprocs(kind), mutator_probs={})
-              for task in funcs}
     work = logs / target_name(kind)
     work.mkdir(parents=True, exist_ok=True)
     builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
     runner = InProcessRunner(kind)
-    db = ms.tune_tir(IRModule(funcs), tgt, str(work), max_trials_global=trials * len(funcs),
-                     max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
-                     space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
-                     cost_model=_cost_model(kind), strategy=strategy, seed=seed,
-                     num_tuning_cores=_search_cores(kind))
+    db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed)
     if not runner.measured:
         # every candidate of every task failed: a broken toolchain or device, not a bad space;
         # going on would spend the whole budget (one GPU lease) learning nothing
         raise TuningBroken(f"no candidate of {len(funcs)} tasks could be built and timed; first errors:\n"
                            + "\n".join((builder.errors + runner.errors)[:3]))
-    return _best_records(db, funcs, owner, tgt, trials)
+    return _best_records(db, funcs, owner, target(target_spec(kind)), trials)
 
 
 class TuningBroken(RuntimeError):
