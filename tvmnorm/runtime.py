@@ -217,7 +217,7 @@ class TunedLibrary:
         entry = self.kernels.get(key.pack())
         if entry is None:
             return None
-        # libraries built before T could be tuned have no rows_per_partial: the default T then
+        # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
         return _kernel_from_module(key, self.manifest["target"], self.module, key.name,
                                    entry["origin"] == "tuned", f"library:{entry['origin']}",
                                    entry.get("rows_per_partial"))

@@ -243,7 +243,7 @@ def _thread_columns(sch, loop, cfg: CudaRowConfig):
 
 def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
     """Load ``prefetch`` rows of dy and x into registers at the top of each group of rows, one
-    16-byte vector load per thread and vector, and let every stage (the row reductions, dx, the
+    vector load (``vec`` elements, up to 16 bytes) per thread and vector, and let every stage (the row reductions, dx, the
     partial sums) read them from there: each element is read from memory once, and the loads of
     the group's rows are all in flight before the first reduction's barrier. A chunk is walked
     serially, so without the group the kernel had one row in flight per chunk (512 chunks of
