@@ -45,16 +45,20 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int, vectors_per_thread: int = 8
 
 def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     """The row heuristic with at most 2 vectors per thread (each thread also keeps a running sum
-    per element), and 2 rows loaded at once (prefetch) if they fit 96 registers of sums and
-    rows, within what the block size leaves a thread (see fused_registers), else 1. Up to 8
-    rows were allowed before: in the third H200 lease's bwd tuning the fastest candidate of 18
-    of 22 tasks loaded 1 or 2 rows, the slowest mostly 4 or 8 (tuning_logs/cuda-sm_90/README.md)."""
+    per element), and as many rows loaded at once (prefetch) as fit 96 registers of sums and
+    rows, within what the block size leaves a thread (see fused_registers): at most 2 for
+    LayerNorm, which keeps two sums per element (dgamma, dbeta), at most 4 for RMSNorm.
+    Measured on the H200 (bf16, 16384 tokens, fourth lease), against the earlier cap of 8:
+    LayerNorm with 2 instead of 4 rows was 1.30-1.52x faster at hidden 1536-4096 and 0.91-0.93x
+    at 896/1024; RMSNorm with 2 instead of 4 was 0.86-1.05x, so it keeps 4; at hidden 128, 2
+    rows instead of 8 were 1.07x (LayerNorm) and 1.14x (RMSNorm) faster (RMSNorm now loads 4
+    there, not measured)."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
     t = int(func.attrs[ROWS_PER_PARTIAL_ATTR])
     limit = fused_register_limit(cfg.threads * cfg.rows, cap=96)
-    prefetch = next(u for u in (2, 1)
+    prefetch = next(u for u in ((2, 1) if s == 2 else (4, 2, 1))
                     if t % u == 0 and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
     return dataclasses.replace(cfg, prefetch=prefetch)
 
