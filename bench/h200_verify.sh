@@ -25,16 +25,9 @@ V=$OUT/verify
 mkdir -p "$V"
 export PYTHONUNBUFFERED=1 TVMNORM_CACHE=${TVMNORM_CACHE:-/tmp/tvmnorm-cache}
 if [ -n "${BUILD-1}" ]; then
-  python - "$V/cuda-sm_90.json" /tmp/tvmnorm-tune-*/accepted-cuda-sm_90.json <<'PY'
-import json, sys
-out, paths = sys.argv[1], [p for p in sys.argv[2:] if not p.endswith("*/accepted-cuda-sm_90.json")]
-base = json.load(open("schedules/cuda-sm_90.json"))
-for p in paths:  # each accepted file is the committed records plus that job's accepted ones
-    base["records"].update(json.load(open(p))["records"])
-    print(f"merged {p}")
-json.dump(base, open(out, "w"), indent=1, sort_keys=True)
-print(f"{len(base['records'])} records -> {out}")
-PY
+  # a committed record that a job's `tune accept` dropped stays out (tune.merge_accepted)
+  python -m tvmnorm.tune merge schedules/cuda-sm_90.json $(ls /tmp/tvmnorm-tune-*/accepted-cuda-sm_90.json 2>/dev/null) \
+    --out "$V/cuda-sm_90.json"
   cp "$V/cuda-sm_90.json" schedules/cuda-sm_90.json
   (time python -m tvmnorm build --target cuda --shapes "${SHAPES:-all}" --stages fwd,bwd --dtypes "${DTYPES:-bf16}" \
      --fp8 fp8e4m3 --out "$LIB") > "$V/build.log" 2>&1 &

@@ -235,6 +235,34 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert NormKey(hidden_size=512).pack() in kept
 
 
+def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):
+    """Each tune job's accepted file is the committed records plus its own accepted ones, less
+    what its benchmark dropped; the other jobs still carry a dropped committed record."""
+    from tvmnorm.tune import merge_accepted
+    committed = {"0x1": {"key": "a", "parts": 1}, "0x2": {"key": "b", "parts": 1}, "0x3": {"key": "c", "parts": 1}}
+    job_a = {"0x1": committed["0x1"], "0x3": committed["0x3"], "0x10": {"key": "new a", "parts": 2}}  # dropped b
+    job_b = {**committed, "0x20": {"key": "new b", "parts": 2}}  # did not benchmark b: carries it
+    records, dropped = merge_accepted(committed, [job_a, job_b])
+    assert set(records) == {"0x1", "0x3", "0x10", "0x20"} and dropped == {"0x2"}
+    records, dropped = merge_accepted(committed, [job_b, job_a])  # order does not matter
+    assert set(records) == {"0x1", "0x3", "0x10", "0x20"} and dropped == {"0x2"}
+    # a job that retuned a committed key ships its record; no job: the committed set as it is
+    retuned = {**committed, "0x2": {"key": "b", "parts": 3}}
+    assert merge_accepted(committed, [job_a, retuned])[0]["0x2"]["parts"] == 3
+    assert merge_accepted(committed, []) == (committed, set())
+    # the command line that bench/h200_verify.sh runs
+    paths = []
+    for name, records in (("committed", committed), ("a", job_a), ("b", job_b)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"target": "cuda", "records": records}))
+    out = tmp_path / "out.json"
+    run = subprocess.run([sys.executable, "-m", "tvmnorm.tune", "merge", *map(str, paths), "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "left out b" in run.stdout
+    data = json.loads(out.read_text())
+    assert data["target"] == "cuda" and set(data["records"]) == {"0x1", "0x3", "0x10", "0x20"}
+
+
 def test_preflight_times_the_default_or_names_every_failed_build():
     from tvmnorm._tvm import cuda_available
     from tvmnorm.tune import TuningBroken, preflight

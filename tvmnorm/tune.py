@@ -405,7 +405,45 @@ def accept_main(argv=None) -> int:
     return 0
 
 
+def merge_accepted(committed: dict, accepted_runs: list) -> tuple:
+    """One record set from several tune jobs' ``accept`` outputs, each of which is the committed
+    records plus that job's accepted ones, less what its benchmark dropped. A committed record
+    that any job dropped (it lost to the default, or failed the refcheck, in that job's run)
+    stays out, though the other jobs, which did not benchmark its key, still carry it. Returns
+    (records, dropped: the committed keys left out)."""
+    dropped = set()
+    found = {}
+    for accepted in accepted_runs:
+        dropped |= set(committed) - set(accepted)
+        found.update({k: v for k, v in accepted.items() if committed.get(k) != v})
+    records = {k: v for k, v in committed.items() if k not in dropped}
+    records.update(found)
+    return records, dropped - set(found)
+
+
+def merge_main(argv=None) -> int:
+    """python -m tvmnorm.tune merge COMMITTED.json ACCEPTED.json... --out OUT.json"""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m tvmnorm.tune merge",
+                                 description="combine several tune jobs' accepted records with the committed ones")
+    ap.add_argument("committed")
+    ap.add_argument("accepted", nargs="*")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    data = json.loads(pathlib.Path(args.committed).read_text())
+    runs = [json.loads(pathlib.Path(p).read_text())["records"] for p in args.accepted]
+    committed = data["records"]
+    data["records"], dropped = merge_accepted(committed, runs)
+    for k in sorted(dropped):
+        print(f"left out {committed[k]['key']}: a job's accept dropped it")
+    pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
+    print(f"{len(data['records'])} records from {len(runs)} accepted files -> {args.out}")
+    return 0
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["accept"]:
-        sys.exit("usage: python -m tvmnorm.tune accept SCHEDULES.json BENCH.json OUT.json")
-    sys.exit(accept_main(sys.argv[2:]))
+    commands = {"accept": accept_main, "merge": merge_main}
+    if sys.argv[1:2] and sys.argv[1] in commands:
+        sys.exit(commands[sys.argv[1]](sys.argv[2:]))
+    sys.exit("usage: python -m tvmnorm.tune accept SCHEDULES.json BENCH.json OUT.json\n"
+             "       python -m tvmnorm.tune merge COMMITTED.json ACCEPTED.json... --out OUT.json")
