@@ -47,19 +47,20 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     """The row heuristic with at most 2 vectors per thread (each thread also keeps a running sum
     per element), and as many rows loaded at once (prefetch) as fit 96 registers of sums and
     rows, within what the block size leaves a thread (see fused_registers): at most 2 for
-    LayerNorm, which keeps two sums per element (dgamma, dbeta), at most 4 for RMSNorm.
-    Measured on the H200 (bf16, 16384 tokens, fourth lease), against the earlier cap of 8:
-    LayerNorm with 2 instead of 4 rows was 1.30-1.52x faster at hidden 1536-4096 and 0.91-0.93x
-    at 896/1024; RMSNorm with 2 instead of 4 was 0.86-1.05x, so it keeps 4; at hidden 128, 2
-    rows instead of 8 were 1.07x (LayerNorm) and 1.14x (RMSNorm) faster (RMSNorm now loads 4
-    there, not measured)."""
+    LayerNorm, which keeps two sums per element (dgamma, dbeta), and for blocks of 8 or more
+    short rows; at most 4 for RMSNorm otherwise. Measured on the H200 (bf16, 16384 tokens)
+    against the earlier cap of 8: LayerNorm with 2 instead of 4 rows was 1.30-1.52x faster at
+    hidden 1536-4096 and 0.91-0.93x at 896/1024; RMSNorm with 2 instead of 4 was 0.86-1.05x at
+    512-8192, but at 128 (16 threads, 8 rows a block) 2 rows took 231.8 us, 4 251.4 us, 8 264.1."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
     t = int(func.attrs[ROWS_PER_PARTIAL_ATTR])
     limit = fused_register_limit(cfg.threads * cfg.rows, cap=96)
-    prefetch = next(u for u in ((2, 1) if s == 2 else (4, 2, 1))
-                    if t % u == 0 and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
+    most = 2 if s == 2 or cfg.rows >= 8 else 4
+    prefetch = next(u for u in (4, 2, 1)
+                    if u <= most and t % u == 0
+                    and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
     return dataclasses.replace(cfg, prefetch=prefetch)
 
 
