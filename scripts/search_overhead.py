@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     from tvmnorm._tvm import ms
     from tvmnorm.measure import _Done
     from tvmnorm.measure import _derived as derived_object
-    from tvmnorm.tune import _search_cores, _tasks, search_session
+    from tvmnorm.tune import _search_cores, _tasks, is_default_trace, search_session
 
     @derived_object
     class FakeBuilder(ms.builder.PyBuilder):
@@ -48,9 +48,11 @@ def main(argv=None) -> int:
         t0 = time.time()
         db = search_session(keys, funcs, owner, "cuda", args.trials, work, FakeBuilder(), FakeRunner())
         wall = time.time() - t0
-        measured = len(db.get_all_tuning_records())
-    print(f"{len(keys)} keys, {len(funcs)} tasks, {measured} candidates, {args.trials} trials per task: "
-          f"{wall:.1f} s, {wall / len(keys):.1f} s per key, {_search_cores('cuda')} cores")
+        traces = [r.trace for r in db.get_all_tuning_records()]
+        defaults = sum(map(is_default_trace, traces))
+    print(f"{len(keys)} keys, {len(funcs)} tasks, {len(traces) - defaults} candidates (and {defaults} default "
+          f"schedules), {args.trials} trials per task: {wall:.1f} s, {wall / len(keys):.1f} s per key, "
+          f"{_search_cores('cuda')} cores")
     return 0
 
 

@@ -7,12 +7,13 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from conftest import call, check_outputs, make_inputs
 from tvmnorm import NormKey
-from tvmnorm.build import compile_funcs, scheduled_funcs
+from tvmnorm.build import build_library, compile_funcs, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
 from tvmnorm.runtime import Registry
 from tvmnorm.sched.space import TUNED_PARTS, cuda_thread_choices, cuda_vec_choices, design_spaces, space_fn
@@ -79,6 +80,17 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     assert all(us > 0 for rec in recs.values() for us in rec["run_us"].values())
     assert (tmp_path / "logs" / next((tmp_path / "sch").glob("llvm-*.json")).stem /
             "database_tuning_record.json").stat().st_size > 0
+    # each task's default schedule was measured once, as a candidate (seed_defaults), and no
+    # record is slower than it
+    from tvmnorm._tvm import IRModule, ms
+    from tvmnorm.tune import is_default_trace
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path / "logs" / next((tmp_path / "sch").glob("llvm-*.json")).stem))
+    assert sum(is_default_trace(r.trace) for r in db.get_all_tuning_records()) == 2
+    for key, part in ((fwd, "fwd"), (bwd, "dx")):
+        top = db.get_top_k(db.commit_workload(IRModule({"main": tuning_func(key, part, 256, "llvm")})), 100)
+        default_us = next(1e6 * min(float(x) for x in r.run_secs) for r in top if is_default_trace(r.trace))
+        assert recs[key.pack()]["run_us"][part] <= default_us
+        assert ("default_won" in recs[key.pack()]) == (recs[key.pack()]["run_us"][part] == default_us)
     # the library serves the tuned kernels, and they are right
     reg = Registry()
     reg.set_library("llvm", tmp_path / "lib")
@@ -134,6 +146,48 @@ def test_committed_record_applies_to_its_kernel(kind, packed, record):
     funcs = scheduled_funcs(key, kind, record)
     assert set(record["parts"]) <= set(TUNED_PARTS)
     compile_funcs(funcs, kind, arch=None if kind == "cuda" else "x86-64")
+
+
+@pytest.mark.parametrize("kind,key,chunk", [
+    ("llvm", NormKey(norm="layernorm", hidden_size=1024), None),
+    ("llvm", NormKey(stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000), None),
+    ("cuda", NormKey(norm="layernorm", stage="bwd", hidden_size=4096), 16),
+    ("cuda", NormKey(hidden_size=896), None),
+])
+def test_a_record_of_the_default_trace_builds_the_default_kernel(kind, key, chunk, rng, seed):
+    """seed_defaults puts each task's default schedule among the candidates: where it measures
+    fastest, the record holds its trace (taken at the static tuning row count), and the library
+    must then build the very kernel the default rule gives the symbolic-row function."""
+    from tvmnorm.sched.default import default_schedule
+    from tvmnorm.tune import is_default_trace, tune_rows
+    part = "dx" if key.stage == "bwd" else "fwd"
+    func = tuning_func(key, part, tune_rows(key, kind), kind, chunk)
+    sch = default_schedule(func, part, kind, 4 if key.itype == "fp32" else 2)
+    assert is_default_trace(sch.trace)
+    record = {"key": key.name, "parts": {part: json.loads(json.dumps(sch.trace.as_json(remove_postproc=True),
+                                                                    default=lambda o: o.value))}}
+    if chunk:
+        record["rows_per_partial"] = chunk
+    arch = None if kind == "cuda" else "x86-64"
+    tuned = compile_funcs(scheduled_funcs(key, kind, record), kind, arch=arch)
+    if kind == "cuda":
+        from tvmnorm.compute.norms import kernel_funcs
+        default = {f.attrs["global_symbol"]: default_schedule(f, p, kind, 2).mod["main"].with_attr(
+            "global_symbol", f.attrs["global_symbol"]).with_attr("tirx.is_scheduled", True)
+            for p, f in kernel_funcs(key, kind, chunk_rows=chunk).items()}
+        source = lambda ex: ex.mod.imports[0].inspect_source()  # noqa: E731
+        assert source(tuned) == source(compile_funcs(default, kind))
+        return
+    reg = Registry()
+    with tempfile.TemporaryDirectory() as d:
+        manifest = build_library([key], kind, pathlib.Path(d), records={key.pack(): {**record, "default_won": [part]}})
+        assert manifest["kernels"][0]["origin"] == "tuned" and manifest["kernels"][0]["default_won"]
+        reg.set_library(kind, pathlib.Path(d))
+        k = reg.get(key, kind)
+        assert k.tuned
+        for rows in (1, 300):
+            inputs = make_inputs(key, rows, rng)
+            check_outputs(key, inputs, call(k, inputs, rows), f"default trace {key.name} rows={rows} seed={seed}")
 
 
 def test_load_records_reads_what_tune_wrote(tmp_path):
@@ -361,7 +415,8 @@ class _FakeDatabase:
         return mod
 
     def get_top_k(self, mod, k):
-        return [None] * min(k, self.measured[self._h(mod)][2])
+        trace, secs, count = self.measured[self._h(mod)]
+        return [self._Record(trace, secs)] * min(k, count)
 
     def query_tuning_record(self, mod, tgt, workload_name):
         trace, secs, _ = self.measured[self._h(mod)]

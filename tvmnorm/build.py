@@ -127,7 +127,9 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
         entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
                         "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,
                         "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default",
-                        "rows_per_partial": chunk_rows_of(kfuncs)})
+                        "rows_per_partial": chunk_rows_of(kfuncs),
+                        # tuned, but no sampled candidate beat the default rule's schedule
+                        "default_won": bool(rec and rec.get("default_won"))})
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-build-", dir=out_dir.parent))
     try:

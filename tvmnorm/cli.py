@@ -89,7 +89,8 @@ def cmd_list(args):
         zc = ", zero_centered_gamma" if k.zero_centered_gamma else ""
         # T: the rows per dgamma partial of a backward kernel (the runtime sizes the partials by it)
         chunk = f", T={e['rows_per_partial']}" if e.get("rows_per_partial") else ""
-        print(f"{int(e['key']):#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  [{e['origin']}{chunk}]")
+        won = ": the default rule's schedule measured fastest" if e.get("default_won") else ""
+        print(f"{int(e['key']):#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  [{e['origin']}{chunk}{won}]")
 
 
 def cmd_tune(args):

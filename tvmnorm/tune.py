@@ -105,8 +105,10 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    seed_defaults(db, funcs, owner, kind, builder, runner)
     return ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
-                       max_trials_per_task=trials, num_trials_per_iter=min(trials, 16),
+                       max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
                        space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
                        cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
                        seed=seed, num_tuning_cores=_search_cores(kind))
@@ -143,31 +145,87 @@ def preflight(key: NormKey, kind: str, rows: int | None) -> tuple:
     (a worker that touches the CUDA runtime after the parent initialised it fails), the fast
     NVRTC build first and the nvcc build if that fails. Returns (measured microseconds, the CUDA
     build that worked or None)."""
-    from ._tvm import cuda_available, ms, target
+    from ._tvm import cuda_available
     from .measure import InProcessBuilder, InProcessRunner
     from .sched.default import default_schedule
     from .sched.space import TUNED_PARTS
     from .compute.norms import parts_of
     part = next(p for p in parts_of(key, kind) if p in TUNED_PARTS)
     func = tuning_func(key, part, tune_rows(key, kind, rows), kind)
-    mod = default_schedule(func, part, kind, DTYPE_BYTES[key.itype]).mod
-    tgt = target(target_spec(kind))
-    info = ms.arg_info.ArgInfo.from_prim_func(func)
+    sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
     if kind == "cuda":
         cuda_available()  # initialise the CUDA runtime in this process, as the runner will
     runner, failures = InProcessRunner(kind), []
     for build in (("nvrtc", "nvcc") if kind == "cuda" else (None,)):
         builder = InProcessBuilder(kind, workers=2, cuda_build=build or "nvrtc", timeout=60.0)
-        built = builder.build([ms.builder.BuilderInput(mod, tgt)] * 2)  # two: the forked pool
-        errors = [b.error_msg for b in built if b.error_msg]
-        if not errors:
-            (fut,) = runner.run([ms.runner.RunnerInput(built[0].artifact_path, kind, info)])
-            res = fut.result()
-            if not res.error_msg:
-                return 1e6 * min(float(x) for x in res.run_secs), build
-            errors = [res.error_msg]
-        failures.append(f"{build or kind} build of {key.name} {part}: {errors[0]}")
+        # twice: the second build goes through the forked pool, as a batch's builds do
+        (secs, error), _ = measure_schedules([(sch, func)] * 2, kind, builder, runner)
+        if error is None:
+            return 1e6 * min(secs), build
+        failures.append(f"{build or kind} build of {key.name} {part}: {error}")
     raise TuningBroken("preflight failed:\n" + "\n".join(failures))
+
+
+def measure_schedules(items, kind: str, builder, runner) -> list:
+    """Build and time ``items`` ((Schedule, its PrimFunc) pairs) with a tuning builder and
+    runner, outside a MetaSchedule session; returns (run seconds, None) or (None, error) per
+    item. The artifacts are deleted, as MetaSchedule's RemoveBuildArtifact does for candidates
+    (only directories this package's builders made under the temp dir: never anything else)."""
+    import shutil
+    from ._tvm import ms, target
+    tgt = target(target_spec(kind))
+    built = builder.build([ms.builder.BuilderInput(sch.mod, tgt) for sch, _ in items])
+    runs = [None if b.error_msg else ms.runner.RunnerInput(b.artifact_path, kind,
+                                                            ms.arg_info.ArgInfo.from_prim_func(func))
+            for b, (_, func) in zip(built, items)]
+    results = iter([f.result() for f in runner.run([r for r in runs if r is not None])])
+    out = []
+    for b, r in zip(built, runs):
+        res = next(results) if r is not None else None
+        if b.error_msg or res.error_msg:
+            out.append((None, b.error_msg or res.error_msg))
+        else:
+            out.append(([float(x) for x in res.run_secs], None))
+        folder = pathlib.Path(b.artifact_path or "").parent
+        if b.artifact_path and folder.parent == pathlib.Path(tempfile.gettempdir()) \
+                and folder.name.startswith("tvmnorm-"):
+            shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def is_default_trace(trace) -> bool:
+    """A trace of the default rule (seed_defaults) samples nothing; every design-space trace does."""
+    return not any(inst.kind.name == "SampleCategorical" for inst in trace.insts)
+
+
+def seed_defaults(db, funcs, owner, kind: str, builder, runner) -> int:
+    """Measure every task's default schedule (the fallback rule at the task's row count and T)
+    and commit it to ``db`` as one more candidate, so that a task's best record is never one
+    that measured slower than the default in tuning. Without it, 14 of the 120 catalog keys'
+    tuned records lost to the default in the library on the H200 and were dropped (tune
+    accept), leaving those keys without a record. The default's trace replays on the
+    symbolic-row kernel like a sampled one: a record holding it builds the default kernel.
+    Tasks that already have candidates (a resumed run) are skipped. Returns how many tasks got one."""
+    from ._tvm import IRModule, ms, target
+    from .sched.default import default_schedule
+    tgt = target(target_spec(kind))
+    todo = []
+    for task, func in funcs.items():
+        mod = IRModule({"main": func})
+        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
+            continue
+        key, part, _, _ = owner[task]
+        todo.append((mod, default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
+    seeded = 0
+    for (mod, sch, func), (secs, _) in zip(todo, measure_schedules([(sch, f) for _, sch, f in todo],
+                                                                    kind, builder, runner) if todo else []):
+        if secs is None:  # the search still runs; the error is in the builder's or runner's list
+            continue
+        db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, db.commit_workload(mod), run_secs=secs, target=tgt,
+            args_info=ms.arg_info.ArgInfo.from_prim_func(func)))
+        seeded += 1
+    return seeded
 
 
 def _search(points: int = 256):
@@ -208,12 +266,13 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     T as ``rows_per_partial``). With ``need``, only keys whose every task has at least that many
     measured candidates are returned, and a record's ``trials`` is the fewest any of its tasks had."""
     from ._tvm import IRModule
-    records, short, done = {}, set(), {}
+    records, short, done, defaults = {}, set(), {}, {}
     for task, func in funcs.items():
         key, part, rows, chunk = owner[task]
         mod = IRModule({"main": func})
-        if need:  # the task's measured candidates, counted once
-            n = len(db.get_top_k(db.commit_workload(mod), 1 << 20)) if db.has_workload(mod) else 0
+        if need:  # the task's measured candidates from the space, counted once (not the default)
+            top = db.get_top_k(db.commit_workload(mod), 1 << 20) if db.has_workload(mod) else []
+            n = sum(not is_default_trace(r.trace) for r in top)
             if n < need:
                 short.add(key.pack())
                 continue
@@ -232,8 +291,13 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
         r["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
                                                  default=lambda o: o.value))
         r["run_us"][part] = us
+        defaults[key.pack(), part] = is_default_trace(rec.trace)
         if chunk is not None:
             r["rows_per_partial"] = chunk
+    for k, r in records.items():  # parts where no sampled candidate beat the default (seed_defaults)
+        won = [part for part in r["parts"] if defaults.get((k, part))]
+        if won:
+            r["default_won"] = won
     if need:  # recovery is all or nothing per key
         records = {k: v for k, v in records.items() if k not in short}
         for k, r in records.items():
