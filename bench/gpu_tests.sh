@@ -7,7 +7,9 @@
 #   source .device/b/activate.sh && SHARDS=12 GPUS=2 OUT=$OUT bash bench/gpu_tests.sh
 #   SHARDS=4 GPUS=1 MARK="gpu" bash bench/gpu_tests.sh tests/test_gpu_core.py -k edges
 #
-# Test ids go round-robin to the shards (neighbouring parametrisations have similar cost). Each
+# Test ids go round-robin to the shards (neighbouring parametrisations have similar cost); a
+# shard sees one GPU, so the tests marked multigpu run afterwards in one process that sees all
+# GPUS (on the fourth lease the two-device test was skipped in its shard). Each
 # shard writes $OUT/gpu-tests/shard-<i>.txt; the summary ($OUT/gpu-tests/summary.txt) adds up
 # passed/failed/skipped/errors and lists every failure. TEST_SECONDS bounds each shard. Exit
 # status: 0 only if every shard passed.
@@ -19,10 +21,13 @@ GPUS=${GPUS:-1}
 MARK=${MARK:-gpu}
 D=$OUT/gpu-tests
 mkdir -p "$D"
-python -m pytest --collect-only -q -m "$MARK" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
+# tests marked multigpu need every GPU visible: they run in one more process, after the shards
+python -m pytest --collect-only -q -m "($MARK) and not multigpu" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
   | grep '::' > "$D/ids.txt"
-total=$(wc -l < "$D/ids.txt")
-echo "$total tests in $SHARDS shards on $GPUS GPU(s)"
+python -m pytest --collect-only -q -m "($MARK) and multigpu" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
+  | grep '::' > "$D/ids-multigpu.txt"
+total=$(($(wc -l < "$D/ids.txt") + $(wc -l < "$D/ids-multigpu.txt")))
+echo "$total tests in $SHARDS shards on $GPUS GPU(s), $(wc -l < "$D/ids-multigpu.txt") of them on all GPUs at once"
 set -f  # test ids hold brackets: never glob them against file names
 for ((i = 0; i < SHARDS; i++)); do
   awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-$i.txt"
@@ -32,6 +37,11 @@ for ((i = 0; i < SHARDS; i++)); do
     -m "$MARK" $(cat "$D/ids-$i.txt") > "$D/shard-$i.txt" 2>&1 &
 done
 wait
+if [ -s "$D/ids-multigpu.txt" ]; then
+  # shellcheck disable=SC2046 - one argument per test id
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((GPUS - 1))) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs \
+    -p no:cacheprovider -m "($MARK) and multigpu" $(cat "$D/ids-multigpu.txt") > "$D/shard-multigpu.txt" 2>&1
+fi
 python - "$D" "$total" <<'PY' | tee "$D/summary.txt"
 import pathlib, re, sys
 d, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])

@@ -168,11 +168,17 @@ def test_device_mismatch_cuda():
         tn.rms_norm(x, torch.ones(128))
     with pytest.raises(ValueError, match="but scale is on cpu"):
         tn.rms_norm_fp8(x, torch.ones(128, device=DEV), torch.ones(1))
-    if torch.cuda.device_count() > 1:
-        with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cuda:1"):
-            tn.rms_norm(x, torch.ones(128, device="cuda:1"))
 
 
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_device_mismatch_between_gpus():
+    x = torch.randn(4, 128, device="cuda:0")
+    with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cuda:1"):
+        tn.rms_norm(x, torch.ones(128, device="cuda:1"))
+
+
+@pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_second_device(gen):
     x = rand(gen, (8, 1024), torch.bfloat16, device="cuda:1")
