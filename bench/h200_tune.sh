@@ -24,7 +24,7 @@ timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BAT
   2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' > "$STATE/tune-full.log"
 tuned=${PIPESTATUS[0]}
 # the run's own lines (preflight: which CUDA build, keys to tune, recovery) and its last screen
-{ grep -E "^(preflight|tuning|tuned|recovered|stopping|no valid)" "$STATE/tune-full.log"; tail -40 "$STATE/tune-full.log"; } \
+{ grep -E "^(preflight|seeded|tuning|tuned|recovered|stopping|no valid)" "$STATE/tune-full.log"; tail -40 "$STATE/tune-full.log"; } \
   | tee "$OUT/tune.log"
 # a tune stopped by TUNE_SECONDS (status 124) wrote no records for its unfinished batch and built
 # no library: take the best candidate of every key with >= MIN_TRIALS measured (the keys stay

@@ -106,7 +106,8 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    seed_defaults(db, funcs, owner, kind, builder, runner)
+    seeded = seed_defaults(db, funcs, owner, kind, builder, runner)
+    print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate", file=sys.stderr)
     return ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
                        max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
                        space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
