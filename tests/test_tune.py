@@ -317,6 +317,23 @@ def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):
     assert data["target"] == "cuda" and set(data["records"]) == {"0x1", "0x3", "0x10", "0x20"}
 
 
+def test_tune_batch_stops_when_only_the_defaults_could_be_timed(tmp_path, monkeypatch):
+    """seed_defaults builds and times each task's default first; a session in which no sampled
+    candidate builds (a broken space or toolchain) must still stop the run, not ship defaults."""
+    from tvmnorm import measure
+    from tvmnorm.tune import TuningBroken, tune_batch
+    real, calls = measure._build_in_worker, []
+
+    def fails_after_the_default(payload):
+        calls.append(payload)
+        return real(payload) if len(calls) == 1 else (None, "broken on purpose")
+    monkeypatch.setattr(measure, "_build_in_worker", fails_after_the_default)
+    key = NormKey(itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    with pytest.raises(TuningBroken, match="broken on purpose"):
+        tune_batch([key], "llvm", 2, tmp_path, 256, workers=1)  # workers=1: builds in this process
+    assert len(calls) >= 2
+
+
 def test_preflight_times_the_default_or_names_every_failed_build():
     from tvmnorm._tvm import cuda_available
     from tvmnorm.tune import TuningBroken, preflight

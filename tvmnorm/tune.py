@@ -98,7 +98,8 @@ def _postprocs(kind):
 
 def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, runner, seed: int = 1):
     """One MetaSchedule session over ``funcs`` (see _tasks) with our design spaces, search and
-    cost model, candidates built by ``builder`` and timed by ``runner``; returns the database.
+    cost model, candidates built by ``builder`` and timed by ``runner``, after each task's default
+    schedule (seed_defaults); returns the database and how many tasks got their default in it.
     tune_batch runs it with the real builder and runner, scripts/search_overhead.py with fakes."""
     from ._tvm import IRModule, ms, target
     from .sched.space import space_fn, space_size
@@ -108,7 +109,7 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     db = ms.database.JSONDatabase(work_dir=str(work))
     seeded = seed_defaults(db, funcs, owner, kind, builder, runner)
     print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate", file=sys.stderr)
-    return ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
+    return seeded, ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
                        max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
                        space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
                        cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
@@ -126,10 +127,11 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     work.mkdir(parents=True, exist_ok=True)
     builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
     runner = InProcessRunner(kind)
-    db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed)
-    if not runner.measured:
-        # every candidate of every task failed: a broken toolchain or device, not a bad space;
-        # going on would spend the whole budget (one GPU lease) learning nothing
+    seeded, db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed)
+    if runner.measured <= seeded:
+        # no sampled candidate of any task was built and timed (the defaults may have been): a
+        # broken toolchain, device or space; going on would spend the whole budget (one GPU
+        # lease) learning nothing
         raise TuningBroken(f"no candidate of {len(funcs)} tasks could be built and timed; first errors:\n"
                            + "\n".join((builder.errors + runner.errors)[:3]))
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials)
