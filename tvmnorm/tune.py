@@ -219,9 +219,11 @@ def seed_defaults(db, funcs, owner, kind: str, builder, runner) -> int:
             continue
         key, part, _, _ = owner[task]
         todo.append((mod, default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
+    if not todo:
+        return 0
     seeded = 0
-    for (mod, sch, func), (secs, _) in zip(todo, measure_schedules([(sch, f) for _, sch, f in todo],
-                                                                    kind, builder, runner) if todo else []):
+    measured = measure_schedules([(sch, func) for _, sch, func in todo], kind, builder, runner)
+    for (mod, sch, func), (secs, _) in zip(todo, measured):
         if secs is None:  # the search still runs; the error is in the builder's or runner's list
             continue
         db.commit_tuning_record(ms.database.TuningRecord(

@@ -139,7 +139,7 @@ def _store(stat, name):
     return te.compute(stat.shape, lambda i: stat[i], name=name)
 
 
-def fwd(key: NormKey, rows=None, name="fwd", kind: str = "llvm"):
+def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     c, up, gamma = _loaders(key)
     H = key.hidden_size
     N = _rows(rows)
@@ -324,6 +324,6 @@ def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=Non
     """part name -> PrimFunc for this key on target ``kind`` (the fused dx kernel's chunk size
     depends on it, unless ``chunk_rows`` sets it), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
-    build = {"fwd": lambda n: fwd(key, rows, n, kind), "amax": lambda n: amax(rows, n),
+    build = {"fwd": lambda n: fwd(key, kind, rows, n), "amax": lambda n: amax(rows, n),
              "dx": lambda n: dx(key, kind, rows, n, chunk_rows), "finalize": lambda n: finalize(key, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}
