@@ -49,6 +49,11 @@ def test_schema(run_dir):
             assert r["status"] == "ok", r
             assert r["err"] <= r["tol"]
             assert r["frac"] == pytest.approx(r["gbps"] / r["copy_gbps"])
+            # the ceiling at the case's own size: one copy of its bytes, the same for every impl
+            assert r["copy_at_size_gbps"] > 0 and r["frac_at_size"] == pytest.approx(r["gbps"] / r["copy_at_size_gbps"])
+            same = {x["copy_at_size_gbps"] for x in records if (x["op"], x["hidden"]) == (r["op"], r["hidden"])
+                    and x["status"] == "ok"}
+            assert len(same) == 1
             size = 2
             want = {"fwd": 2 * 7 * r["hidden"] * size, "bwd": 3 * 7 * r["hidden"] * size}
             if r["op"].endswith("fp8"):

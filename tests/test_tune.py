@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,7 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     assert all(us > 0 for rec in recs.values() for us in rec["run_us"].values())
     assert (tmp_path / "logs" / next((tmp_path / "sch").glob("llvm-*.json")).stem /
             "database_tuning_record.json").stat().st_size > 0
-    # each task's default schedule was measured once, as a candidate (seed_defaults), and no
+    # each task's default schedule was measured once, as a candidate (seed_candidates), and no
     # record is slower than it
     from tvmnorm._tvm import IRModule, ms
     from tvmnorm.tune import is_default_trace
@@ -88,7 +89,7 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     assert sum(is_default_trace(r.trace) for r in db.get_all_tuning_records()) == 2
     for key, part in ((fwd, "fwd"), (bwd, "dx")):
         top = db.get_top_k(db.commit_workload(IRModule({"main": tuning_func(key, part, 256, "llvm")})), 100)
-        default_us = next(1e6 * min(float(x) for x in r.run_secs) for r in top if is_default_trace(r.trace))
+        default_us = next(1e6 * statistics.fmean(float(x) for x in r.run_secs) for r in top if is_default_trace(r.trace))
         assert recs[key.pack()]["run_us"][part] <= default_us
         assert ("default_won" in recs[key.pack()]) == (recs[key.pack()]["run_us"][part] == default_us)
     # the library serves the tuned kernels, and they are right
@@ -155,7 +156,7 @@ def test_committed_record_applies_to_its_kernel(kind, packed, record):
     ("cuda", NormKey(hidden_size=896), None),
 ])
 def test_a_record_of_the_default_trace_builds_the_default_kernel(kind, key, chunk, rng, seed):
-    """seed_defaults puts each task's default schedule among the candidates: where it measures
+    """seed_candidates puts each task's default schedule among the candidates: where it measures
     fastest, the record holds its trace (taken at the static tuning row count), and the library
     must then build the very kernel the default rule gives the symbolic-row function."""
     from tvmnorm.sched.default import default_schedule
@@ -188,6 +189,47 @@ def test_a_record_of_the_default_trace_builds_the_default_kernel(kind, key, chun
         for rows in (1, 300):
             inputs = make_inputs(key, rows, rng)
             check_outputs(key, inputs, call(k, inputs, rows), f"default trace {key.name} rows={rows} seed={seed}")
+
+
+def test_a_retune_measures_the_committed_record_beside_the_default(tmp_path):
+    """seed_candidates measures, in a fresh database, each task's default schedule and the
+    committed record it would replace (when its trace still applies, and for the fused bwd only
+    at the record's T), so a retune never ships a point that measured slower than either."""
+    from tvmnorm._tvm import IRModule, Schedule, ms
+    from tvmnorm.measure import InProcessBuilder, InProcessRunner
+    from tvmnorm.tune import _tasks, is_default_trace, seed_candidates
+    fwd = NormKey(itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    bwd = NormKey(stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    funcs, owner = _tasks([fwd, bwd], "llvm", 256)
+    sampled = space_fn(fwd, "llvm")(Schedule(funcs[f"{fwd.name}_fwd"]))[0]
+    trace = json.loads(json.dumps(sampled.trace.as_json(remove_postproc=True), default=lambda o: o.value))
+    committed = {fwd.pack(): {"key": fwd.name, "parts": {"fwd": trace}},
+                 # a trace of another kernel does not apply to the bwd task: skipped, not fatal
+                 bwd.pack(): {"key": bwd.name, "parts": {"dx": trace}}}
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    runner = InProcessRunner("llvm")
+    assert seed_candidates(db, funcs, owner, "llvm", InProcessBuilder("llvm", workers=1), runner,
+                           committed) == (2, 1)
+    assert runner.measured == 3
+    top = db.get_top_k(db.commit_workload(IRModule({"main": funcs[f"{fwd.name}_fwd"]})), 10)
+    assert sorted(is_default_trace(r.trace) for r in top) == [False, True]
+    replayed = next(r.trace for r in top if not is_default_trace(r.trace))
+    assert [int(d) for d in replayed.decisions.values()] == [int(d) for d in sampled.trace.decisions.values()]
+    # a resumed session (the tasks have candidates) measures nothing again
+    assert seed_candidates(db, funcs, owner, "llvm", InProcessBuilder("llvm", workers=1), runner,
+                           committed) == (0, 0)
+
+
+def test_cuda_runner_times_single_cold_calls():
+    """On CUDA each timed call is one call after an L2 flush, as the bench times it (triton's
+    do_bench writes 256 MB first); on the CPU calls run back to back. The mean the cost model
+    learns from leaves out the fastest and slowest fifth of the repeats."""
+    from tvmnorm.measure import InProcessRunner, trimmed
+    cuda, cpu = InProcessRunner("cuda"), InProcessRunner("llvm")
+    assert (cuda.number, cuda.min_repeat_ms) == (1, 0) and cuda.repeat >= 10 and cuda.flush_bytes >= 2 * (60 << 20)
+    assert cpu.flush_bytes == 0 and cpu.number > 1
+    assert trimmed([9.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 100.0]) == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert trimmed([2.0]) == [2.0]
 
 
 def test_load_records_reads_what_tune_wrote(tmp_path):
@@ -249,10 +291,11 @@ def test_cuda_tuning_rows_leave_a_partial_block_like_the_library_kernel():
     from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
     from tvmnorm.targets import target_spec
     from tvmnorm.tune import tune_rows
-    from tvmnorm.shapes import hidden_sizes
-    for h in hidden_sizes():
-        n = tune_rows(NormKey(hidden_size=h), "cuda")
-        assert n % 16 == 1 and n * h * 2 >= 256 << 20, (h, n)
+    from tvmnorm.shapes import TRAIN_TOKENS, shapes
+    for shape in shapes():
+        n = tune_rows(NormKey(hidden_size=shape.hidden), "cuda")
+        assert n % 16 == 1 and n == shape.rows(TRAIN_TOKENS) + 1, (shape, n)
+    assert tune_rows(NormKey(hidden_size=1000), "cuda") == TRAIN_TOKENS + 1
     key = NormKey(hidden_size=7168)
     cfg = CudaRowConfig(threads=64, rows=2, vec=2, unroll=256)
 
@@ -318,7 +361,7 @@ def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):
 
 
 def test_tune_batch_stops_when_only_the_defaults_could_be_timed(tmp_path, monkeypatch):
-    """seed_defaults builds and times each task's default first; a session in which no sampled
+    """seed_candidates builds and times each task's default first; a session in which no sampled
     candidate builds (a broken space or toolchain) must still stop the run, not ship defaults."""
     from tvmnorm import measure
     from tvmnorm.tune import TuningBroken, tune_batch

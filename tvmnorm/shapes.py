@@ -62,3 +62,9 @@ def shapes(groups="all") -> list:
 
 def hidden_sizes(groups="all") -> list:
     return [s.hidden for s in shapes(groups)]
+
+
+def train_rows(hidden: int) -> int:
+    """The training row count of a hidden size: its catalog shape's (QK-norm: tokens x heads),
+    or TRAIN_TOKENS for a size outside the catalog."""
+    return next((s.train_rows for s in shapes() if s.hidden == hidden), TRAIN_TOKENS)

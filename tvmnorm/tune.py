@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -20,28 +21,32 @@ from .key import DTYPE_BYTES, NormKey
 from .targets import target_name, target_spec, usable_cores
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-TUNE_ROWS = {"cuda": 16384, "llvm": 1024}
-# On the GPU the tuned row count must give inputs far larger than the 60 MB L2 of an H100/H200,
-# or the search optimises for cache-resident data: 16384 rows of hidden 128 are 4 MB.
-CUDA_TUNE_BYTES = 256 << 20
+TUNE_ROWS = {"llvm": 1024}
 
 
 def tune_rows(key: NormKey, kind: str, override: int | None = None) -> int:
     """The static row count a key is tuned at. Any works for the kernel (its rows are
     symbolic); it only decides what the measurements see.
 
-    On CUDA it is one more than a multiple of 1024, so that every rows-per-block knob leaves a
-    partial last block, as the library's symbolic-row kernel must assume: there every stage of a
-    row carries its own `row < n` guard, and with a long unrolled row the guards between the
-    loads cost the compiler its load batching. Tuned at an even 19456 rows (no guard), 64 threads
-    x 2 rows measured 138.9 us at hidden 7168 and was then 46% slower than the default schedule
-    in the library (175.0 vs 120.3 us at 16384 rows, bench/results/h200-tuned-run1.json)."""
+    On CUDA it is the catalog's training rows for the key's hidden size (16384 tokens, times the
+    heads for QK-norm: the row count the issue's targets and the bench measure), each call timed
+    cold (measure.InProcessRunner flushes the L2 first). Until the fifth lease keys were tuned
+    warm at >= 256 MB of input, a steady state that 16384 tokens never reach at hidden <= 4096
+    (32 MB at 1024): the winners there could lose to 1-row-per-block schedules (Liger's) at
+    the bench's size, e.g. layernorm fwd 2048, 0.61 against Liger's 0.74 of copy bandwidth.
+
+    It is one more than that, so that every rows-per-block knob leaves a partial last block, as
+    the library's symbolic-row kernel must assume: there every stage of a row carries its own
+    `row < n` guard, and with a long unrolled row the guards between the loads cost the
+    compiler its load batching. Tuned at an even 19456 rows (no guard), 64 threads x 2 rows
+    measured 138.9 us at hidden 7168 and was then 46% slower than the default schedule in the
+    library (175.0 vs 120.3 us at 16384 rows, bench/results/h200-tuned-run1.json)."""
     if override:
         return override
     if kind != "cuda":
         return TUNE_ROWS[kind]
-    need = -(-CUDA_TUNE_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype]))
-    return max(TUNE_ROWS[kind], -(-need // 1024) * 1024) + 1
+    from .shapes import train_rows
+    return train_rows(key.hidden_size) + 1
 
 
 def schedules_path(kind: str, root=None) -> pathlib.Path:
@@ -96,10 +101,12 @@ def _postprocs(kind):
     return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
 
 
-def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, runner, seed: int = 1):
+def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, runner, seed: int = 1,
+                   committed=None):
     """One MetaSchedule session over ``funcs`` (see _tasks) with our design spaces, search and
     cost model, candidates built by ``builder`` and timed by ``runner``, after each task's default
-    schedule (seed_defaults); returns the database and how many tasks got their default in it.
+    schedule and ``committed`` records (seed_candidates); returns how many of those were measured
+    and the database.
     tune_batch runs it with the real builder and runner, scripts/search_overhead.py with fakes."""
     from ._tvm import IRModule, ms, target
     from .sched.space import space_fn, space_size
@@ -107,9 +114,10 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    seeded = seed_defaults(db, funcs, owner, kind, builder, runner)
-    print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate", file=sys.stderr)
-    return seeded, ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
+    seeded, kept = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
+    print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
+          + (f", and {kept} committed records" if kept else ""), file=sys.stderr)
+    return seeded + kept, ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
                        max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
                        space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
                        cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
@@ -117,9 +125,10 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
 
 
 def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
-               workers: int | None = None, cuda_build: str | None = None, chunks=None) -> dict:
+               workers: int | None = None, cuda_build: str | None = None, chunks=None, committed=None) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
-    30 s of importing tensor intrinsics, is paid once per batch). Returns packed key -> record."""
+    30 s of importing tensor intrinsics, is paid once per batch), with ``committed`` (packed key
+    -> record) among the candidates. Returns packed key -> record."""
     from ._tvm import target
     from .measure import InProcessBuilder, InProcessRunner
     funcs, owner = _tasks(keys, kind, rows, chunks)
@@ -127,9 +136,9 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     work.mkdir(parents=True, exist_ok=True)
     builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
     runner = InProcessRunner(kind)
-    seeded, db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed)
+    seeded, db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed, committed)
     if runner.measured <= seeded:
-        # no sampled candidate of any task was built and timed (the defaults may have been): a
+        # no sampled candidate of any task was built and timed (the seeds may have been): a
         # broken toolchain, device or space; going on would spend the whole budget (one GPU
         # lease) learning nothing
         raise TuningBroken(f"no candidate of {len(funcs)} tasks could be built and timed; first errors:\n"
@@ -197,19 +206,26 @@ def measure_schedules(items, kind: str, builder, runner) -> list:
 
 
 def is_default_trace(trace) -> bool:
-    """A trace of the default rule (seed_defaults) samples nothing; every design-space trace does."""
+    """A trace of the default rule (seed_candidates) samples nothing; every design-space trace does."""
     return not any(inst.kind.name == "SampleCategorical" for inst in trace.insts)
 
 
-def seed_defaults(db, funcs, owner, kind: str, builder, runner) -> int:
+def seed_candidates(db, funcs, owner, kind: str, builder, runner, committed=None) -> tuple:
     """Measure every task's default schedule (the fallback rule at the task's row count and T)
-    and commit it to ``db`` as one more candidate, so that a task's best record is never one
-    that measured slower than the default in tuning. Without it, 14 of the 120 catalog keys'
-    tuned records lost to the default in the library on the H200 and were dropped (tune
-    accept), leaving those keys without a record. The default's trace replays on the
-    symbolic-row kernel like a sampled one: a record holding it builds the default kernel.
-    Tasks that already have candidates (a resumed run) are skipped. Returns how many tasks got one."""
-    from ._tvm import IRModule, ms, target
+    and, where ``committed`` (packed key -> record, e.g. schedules/) holds a record for the
+    task's key and T, that record's trace, and commit each to ``db`` as one more candidate. A
+    task's best record is then never one that measured slower than the default or than the
+    record it replaces, in the same session's measurements:
+    - without the default, 14 of the 120 catalog keys' tuned records lost to the default in the
+      library on the H200 and were dropped (tune accept), leaving those keys without a record;
+    - a retune (more trials, or a new measurement, as tune_rows changed in the fifth lease)
+      starts from a fresh database, and its sampled winner may be a point the old search
+      measured slower, picked on noise.
+    The default's trace replays on the symbolic-row kernel like a sampled one: a record holding
+    it builds the default kernel. A committed trace that no longer applies (an older design
+    space) is skipped. Tasks that already have candidates (a resumed run) are skipped.
+    Returns (tasks whose default was measured, committed records measured)."""
+    from ._tvm import IRModule, Schedule, Trace, ms, target
     from .sched.default import default_schedule
     tgt = target(target_spec(kind))
     todo = []
@@ -217,20 +233,29 @@ def seed_defaults(db, funcs, owner, kind: str, builder, runner) -> int:
         mod = IRModule({"main": func})
         if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
             continue
-        key, part, _, _ = owner[task]
-        todo.append((mod, default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
+        key, part, _, chunk = owner[task]
+        todo.append((mod, default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func, False))
+        rec = (committed or {}).get(key.pack()) or {}
+        trace = rec.get("parts", {}).get(part)
+        if trace is not None and rec.get("rows_per_partial") == chunk:
+            sch = Schedule(func)
+            try:
+                Trace.apply_json_to_schedule(trace, sch)
+            except Exception:  # noqa: BLE001 - a record of an older space: the search replaces it
+                continue
+            todo.append((mod, sch, func, True))
     if not todo:
-        return 0
-    seeded = 0
-    measured = measure_schedules([(sch, func) for _, sch, func in todo], kind, builder, runner)
-    for (mod, sch, func), (secs, _) in zip(todo, measured):
+        return 0, 0
+    seeded = {False: 0, True: 0}
+    measured = measure_schedules([(sch, func) for _, sch, func, _ in todo], kind, builder, runner)
+    for (mod, sch, func, was_committed), (secs, _) in zip(todo, measured):
         if secs is None:  # the search still runs; the error is in the builder's or runner's list
             continue
         db.commit_tuning_record(ms.database.TuningRecord(
             sch.trace, db.commit_workload(mod), run_secs=secs, target=tgt,
             args_info=ms.arg_info.ArgInfo.from_prim_func(func)))
-        seeded += 1
-    return seeded
+        seeded[was_committed] += 1
+    return seeded[False], seeded[True]
 
 
 def _search(points: int = 256):
@@ -288,7 +313,9 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
                 print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
             short.add(key.pack())
             continue
-        us = 1e6 * min(float(x) for x in rec.run_secs)
+        # the mean, as MetaSchedule ranks candidates by it (the min could make a record look
+        # slower than a candidate it beat)
+        us = 1e6 * statistics.fmean(float(x) for x in rec.run_secs)
         r = records.setdefault(key.pack(), {"key": key.name, "describe": key.describe(), "rows": rows,
                                             "trials": trials, "parts": {}, "run_us": {}})
         if part in r["run_us"] and r["run_us"][part] <= us:
@@ -299,7 +326,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
         defaults[key.pack(), part] = is_default_trace(rec.trace)
         if chunk is not None:
             r["rows_per_partial"] = chunk
-    for k, r in records.items():  # parts where no sampled candidate beat the default (seed_defaults)
+    for k, r in records.items():  # parts where no sampled candidate beat the default (seed_candidates)
         won = [part for part in r["parts"] if defaults.get((k, part))]
         if won:
             r["default_won"] = won
@@ -391,7 +418,7 @@ def tune_main(args, keys) -> None:
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
             found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build,
-                               chunks)
+                               chunks, records)
         except TuningBroken as e:
             print(f"\nstopping: {e}", file=sys.stderr)
             raise SystemExit(2)
