@@ -232,6 +232,24 @@ def test_cuda_runner_times_single_cold_calls():
     assert trimmed([2.0]) == [2.0]
 
 
+def test_records_measured_another_way_are_due_again():
+    """tune skips a key whose record saw enough trials at this row count and timing; a CUDA
+    record tuned warm (before the fifth lease: no ``timing``, >= 256 MB of rows) is tuned again."""
+    from tvmnorm.tune import due_keys, tune_rows
+    a, b, c, d = (NormKey(hidden_size=h) for h in (1024, 2048, 4096, 7168))
+    cold = {"trials": 16, "timing": "cold-l2"}
+    records = {a.pack(): {**cold, "rows": tune_rows(a, "cuda")},
+               b.pack(): {**cold, "rows": tune_rows(b, "cuda"), "trials": 8},
+               c.pack(): {"trials": 32, "rows": 131073},  # the old warm record
+               }
+    assert due_keys([a, b, c, d], records, "cuda", 16) == [b, c, d]
+    assert due_keys([a], records, "cuda", 16, rows=4097) == [a]  # another --rows
+    # llvm records are timed back to back, as before
+    assert due_keys([a], {a.pack(): {"trials": 8, "rows": 1024}}, "llvm", 8) == []
+    assert all(not due_keys([NormKey.unpack(k)], {k: r}, "llvm", r["trials"])
+               for k, r in load_records("llvm").items())
+
+
 def test_load_records_reads_what_tune_wrote(tmp_path):
     from tvmnorm.tune import save_records
     save_records("llvm", {NormKey().pack(): {"key": NormKey().name, "parts": {}, "trials": 3}}, tmp_path)

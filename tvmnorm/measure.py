@@ -154,6 +154,15 @@ CUDA_FLUSH_BYTES = 256 << 20
 CUDA_REPEATS = 20
 
 
+WARM, COLD = "warm", "cold-l2"
+
+
+def timing(kind: str) -> str:
+    """How InProcessRunner times a candidate on ``kind`` (records keep it: tune retunes a record
+    measured another way)."""
+    return COLD if kind == "cuda" else WARM
+
+
 def trimmed(secs) -> list:
     """The middle of the sorted repeats (20th to 80th percentile): a cold call that a host
     hiccup delayed must not move the mean MetaSchedule's cost model learns from."""
@@ -172,7 +181,7 @@ class InProcessRunner(ms.runner.PyRunner):
     def __init__(self, kind: str, number: int | None = None, repeat: int | None = None,
                  min_repeat_ms: int | None = None):
         super().__init__()
-        cold = kind == "cuda"
+        cold = timing(kind) == COLD
         self.kind = kind
         self.number = number or (1 if cold else 5)
         self.repeat = repeat or (CUDA_REPEATS if cold else 3)

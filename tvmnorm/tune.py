@@ -296,6 +296,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     T as ``rows_per_partial``). With ``need``, only keys whose every task has at least that many
     measured candidates are returned, and a record's ``trials`` is the fewest any of its tasks had."""
     from ._tvm import IRModule
+    from .measure import timing
     records, short, done, defaults = {}, set(), {}, {}
     for task, func in funcs.items():
         key, part, rows, chunk = owner[task]
@@ -317,6 +318,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
         # slower than a candidate it beat)
         us = 1e6 * statistics.fmean(float(x) for x in rec.run_secs)
         r = records.setdefault(key.pack(), {"key": key.name, "describe": key.describe(), "rows": rows,
+                                            "timing": timing(tgt.kind.name),
                                             "trials": trials, "parts": {}, "run_us": {}})
         if part in r["run_us"] and r["run_us"][part] <= us:
             continue  # another chunk size of this part measured faster
@@ -381,19 +383,33 @@ def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int 
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials, need=trials)
 
 
+def due_keys(keys, records: dict, kind: str, trials: int, rows: int | None = None) -> list:
+    """The keys to tune: those without a record, with one that saw fewer than ``trials``
+    candidates, or with one measured another way (another row count, or another timing: the
+    CUDA records tuned warm before the fifth lease are tuned again, cold). A record without
+    ``timing`` was measured back to back."""
+    from .measure import WARM, timing
+
+    def due(key):
+        rec = records.get(key.pack())
+        return (rec is None or rec.get("trials", 0) < trials or rec.get("rows") != tune_rows(key, kind, rows)
+                or rec.get("timing", WARM) != timing(kind))
+    return [k for k in keys if due(k)]
+
+
 def tune_main(args, keys) -> None:
     kind = args.target
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
     chunks = chunk_sizes(getattr(args, "chunk_rows", None))
     records = load_records(kind, args.schedules)
-    todo = [k for k in keys if records.get(k.pack(), {}).get("trials", 0) < args.trials]
+    todo = due_keys(keys, records, kind, args.trials, rows)
     least = getattr(args, "min_trials", None) or args.trials
     recovered = recover_records(todo, kind, least, logs, rows, chunks) if todo else {}
     if recovered:
         records.update(recovered)
         save_records(kind, records, args.schedules)
-        todo = [k for k in todo if records.get(k.pack(), {}).get("trials", 0) < args.trials]
+        todo = due_keys(todo, records, kind, args.trials, rows)
         print(f"recovered {len(recovered)} keys measured by an interrupted run from {logs}", file=sys.stderr)
     if getattr(args, "recover_only", False):
         print(f"recover only: {len(todo)} of {len(keys)} keys have fewer than {args.trials} trials; "
