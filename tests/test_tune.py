@@ -348,6 +348,25 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     before = {NormKey(hidden_size=512).pack(): {"key": "never benchmarked"}}
     kept, _ = accept_records(records, bench, accepted=before)
     assert NormKey(hidden_size=512).pack() in kept
+    # a retuned record slower than the committed one it replaces (as the committed library's
+    # benchmark measured it) gives way to it; an unchanged or faster one is kept
+    committed = {keys[1024].pack(): {"key": keys[1024].name, "parts": "old"},
+                 keys[2048].pack(): {"key": keys[2048].name, "parts": "old"}}
+    retuned = {keys[1024].pack(): {"key": keys[1024].name, "parts": "new"},
+               keys[2048].pack(): {"key": keys[2048].name, "parts": "new"}}
+    previous = {"records": [rec(1024, "tvmnorm_tuned", 9.0), rec(2048, "tvmnorm_tuned", 21.0)]}
+    kept, dropped = accept_records(retuned, bench, accepted=committed, previous=previous)
+    assert kept[keys[1024].pack()]["parts"] == "old" and "than the record it replaces" in dropped[keys[1024].pack()]
+    assert kept[keys[2048].pack()]["parts"] == "new" and keys[2048].pack() not in dropped
+    kept, dropped = accept_records(committed, bench, accepted=committed, previous=previous)  # unchanged
+    assert kept == committed and not dropped
+    # a retune that lost to the default leaves the committed record; the committed record
+    # itself losing to the default is dropped
+    old = {keys[7168].pack(): {"key": keys[7168].name, "parts": "old"}}
+    kept, dropped = accept_records({keys[7168].pack(): {"key": keys[7168].name, "parts": "new"}}, bench, accepted=old)
+    assert kept == old and "slower than the default" in dropped[keys[7168].pack()]
+    kept, dropped = accept_records(old, bench, accepted=old)
+    assert not kept and "slower than the default" in dropped[keys[7168].pack()]
 
 
 def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):

@@ -455,15 +455,8 @@ def tune_main(args, keys) -> None:
         build_library(keys, kind, out, records=records)
 
 
-def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: dict | None = None) -> tuple:
-    """The tuned records a benchmark run of their library supports: a record stays when its
-    key's ``tvmnorm_tuned`` kernel passed the float64 refcheck and was no slower than
-    ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
-    measures a static-row candidate, the library runs the symbolic-row kernel, and a record
-    that lost to the default in the library (three did on the H200) must not ship.
-    ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover stays only if
-    ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
-    Returns (kept, dropped: packed key -> reason)."""
+def _bench_runs(bench: dict) -> dict:
+    """(packed key, rows) -> impl -> record, from a ``tvmnorm bench`` JSON."""
     from .bench import Case
     runs = {}
     for r in bench["records"]:
@@ -471,6 +464,26 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
                     rows_kind=r.get("rows_kind", "tokens"), model=r.get("model", ""), what=r.get("what", ""),
                     fp8_format=bench.get("meta", {}).get("fp8_format", "fp8e4m3"))
         runs.setdefault((case.key().pack(), r["rows"]), {})[r["impl"]] = r
+    return runs
+
+
+def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: dict | None = None,
+                   previous: dict | None = None) -> tuple:
+    """The tuned records a benchmark run of their library supports: a record stays when its
+    key's ``tvmnorm_tuned`` kernel passed the float64 refcheck and was no slower than
+    ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
+    measures a static-row candidate, the library runs the symbolic-row kernel, and a record
+    that lost to the default in the library (three did on the H200) must not ship.
+    ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover stays only if
+    ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
+    A retuned record (its trace differs from the ``accepted`` one) that fails gives way to the
+    record it would replace, which stays in ``kept``; so does one that ran slower (beyond
+    ``slack``) than that record did in ``previous``, a benchmark of the ``accepted`` records'
+    library. In the fifth lease retuned bwd records measured faster than the committed ones in
+    tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
+    Returns (kept, dropped: packed key -> reason)."""
+    runs = _bench_runs(bench)
+    before_runs = _bench_runs(previous) if previous else {}
     kept, dropped = {}, {}
     for packed, rec in records.items():
         seen = [(rows, impls) for (k, rows), impls in runs.items() if k == packed]
@@ -484,8 +497,15 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
                 reason = f"slower than the default at {rows} rows ({tuned['us']:.1f} vs {default['us']:.1f} us)"
             if reason:
                 break
+            was = before_runs.get((packed, rows), {}).get("tvmnorm_tuned", {})
+            if before and before.get("parts") != rec.get("parts") and was.get("status") == "ok" \
+                    and tuned["us"] > was["us"] * (1 + slack):
+                reason = f"slower than the record it replaces at {rows} rows ({tuned['us']:.1f} vs {was['us']:.1f} us)"
+                break
         if reason:
             dropped[packed] = reason
+            if before and before.get("parts") != rec.get("parts"):
+                kept[packed] = before  # a retune that failed leaves the record it would replace
         else:
             kept[packed] = rec
     return kept, dropped
@@ -501,6 +521,8 @@ def accept_main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--slack", type=float, default=0.02)
     ap.add_argument("--accepted", help="records accepted before (kept when this benchmark did not cover them)")
+    ap.add_argument("--previous", help="a benchmark of the --accepted records' library: a retuned record slower "
+                                       "than the one it replaces keeps that one")
     args = ap.parse_args(argv)
 
     def read(path):
@@ -508,9 +530,12 @@ def accept_main(argv=None) -> int:
         return data, {int(k, 16): v for k, v in data["records"].items()}
     data, records = read(args.schedules)
     accepted = read(args.accepted)[1] if args.accepted else None
-    kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted)
+    previous = json.loads(pathlib.Path(args.previous).read_text()) if args.previous else None
+    kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted,
+                                   previous)
     for packed, why in sorted(dropped.items()):
-        print(f"dropped {records[packed]['key']}: {why}")
+        what = "kept the committed record" if packed in kept else "dropped"
+        print(f"{what} {records[packed]['key']}: {why}")
     data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
     pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
     print(f"kept {len(kept)} of {len(records)} records -> {args.out}")
