@@ -99,6 +99,24 @@ def test_cuda_dgamma_bitwise_reproducible(cuda_kernels, norm, stage, rng, seed):
     check_outputs(key, inputs, first, f"cuda {key.name} rows={rows} seed={seed}")
 
 
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_two_stage_partial_sum(cuda_kernels, norm, stage, rng, seed):
+    """More partials than runtime.COMBINE_ABOVE (T = 32: 1026, a tail group of 2): combine sums
+    groups of them before finalize; right against float64, and bitwise reproducible."""
+    from tvmnorm.runtime import COMBINE_ABOVE, partials
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=1000)
+    rows = 32 * (COMBINE_ABOVE + 1) + 1
+    assert partials(rows, key, "cuda") == COMBINE_ABOVE + 2
+    inputs = make_inputs(key, rows, rng, device="cuda")
+    k = cuda_kernels(key)
+    first, second = call(k, inputs, rows, device="cuda"), call(k, inputs, rows, device="cuda")
+    torch.cuda.synchronize()
+    for name in ("dgamma", "dbeta") if norm == "layernorm" else ("dgamma",):
+        assert torch.equal(first[name].view(torch.int32), second[name].view(torch.int32)), name
+    check_outputs(key, inputs, first, f"cuda {key.name} rows={rows} seed={seed} (two-stage partial sum)")
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_cuda_zero_rows(cuda_kernels, stage, rng, seed):
     """No rows: nothing is launched for the row kernels, dgamma of nothing is 0."""

@@ -140,6 +140,27 @@ def test_dgamma_bitwise_reproducible(kernels, norm, stage, rows, rng, seed):
     check_outputs(key, inputs, first, f"{key.name} rows={rows} seed={seed}")
 
 
+@pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_two_stage_partial_sum(kernels, norm, stage, monkeypatch, rng, seed):
+    """With more partials than runtime.COMBINE_ABOVE, combine sums them in groups first (here
+    79 partials of T = 64 rows: a full group and a tail of 15); the result is right and still
+    bitwise reproducible."""
+    from tvmnorm import runtime
+    from tvmnorm.compute.norms import COMBINE_GROUP, rows_per_partial
+    monkeypatch.setattr(runtime, "COMBINE_ABOVE", 1)
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="fp32", otype="bf16", hidden_size=1000)
+    rows = 5000
+    count = runtime.partials(rows, key, "llvm")
+    assert rows_per_partial(key, "llvm") == 64 and count > COMBINE_GROUP and count % COMBINE_GROUP
+    inputs = make_inputs(key, rows, rng)
+    k = kernels(key)
+    first, second = call(k, inputs, rows), call(k, inputs, rows)
+    for name in ("dgamma", "dbeta") if norm == "layernorm" else ("dgamma",):
+        assert torch.equal(first[name].view(torch.int32), second[name].view(torch.int32)), name
+    check_outputs(key, inputs, first, f"{key.name} rows={rows} seed={seed} (two-stage partial sum)")
+
+
 @pytest.mark.parametrize("stage, otype", [("fwd", "bf16"), ("fwd", "fp8e4m3"), ("bwd", "bf16"), ("bwd_add", "bf16")])
 @pytest.mark.parametrize("norm", NORMS)
 def test_zero_rows(kernels, norm, stage, otype, rng, seed):
@@ -214,9 +235,10 @@ def test_partials_are_one_per_chunk():
 
 @pytest.mark.parametrize("kind", ("llvm", "cuda"))
 def test_backward_kernels_per_target(kind):
-    """One pass (dx with partials, then finalize) on both targets."""
+    """One pass (dx with partials, then finalize, after combine when there are many) on both
+    targets."""
     from tvmnorm.compute import kernel_funcs
     funcs = kernel_funcs(NormKey(norm="layernorm", stage="bwd", hidden_size=1000), kind)
-    assert list(funcs) == ["dx", "finalize"]
+    assert list(funcs) == ["dx", "combine", "finalize"]
     dx_outputs = [p.name for p in funcs["dx"].params][-2:]
     assert dx_outputs == ["dx", "part"]

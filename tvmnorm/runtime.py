@@ -55,6 +55,12 @@ def signature(key: NormKey) -> list:
             + ["dx", "dgamma"] + (["dbeta"] if ln else []))
 
 
+# Above this many partial rows the bwd sums them in two stages (combine, then finalize): the
+# partial count alone decides, so the summation order, and the result, depend on the shape only.
+# 16384 tokens give 512 partials at T = 32 (one stage) except at hidden 128 (16384: two).
+COMBINE_ABOVE = 1024
+
+
 def partials(rows: int, key: NormKey, kind: str, chunk_rows: int | None = None) -> int:
     """How many dgamma/dbeta partial rows the backward writes: one per chunk of T rows of the dx
     kernel (``chunk_rows``: a library kernel's T from its manifest; default
@@ -140,6 +146,11 @@ class NormKernel:
             count = partials(rows, self.key, self.kind, self.chunk_rows)
             part = _alloc(a["x"], (s, count, self.key.hidden_size), self._ctype)
             self._f["dx"](*dx_args, part)
+            if count > COMBINE_ABOVE:
+                from .compute.norms import combined_partials
+                mid = _alloc(a["x"], (s, combined_partials(count), self.key.hidden_size), self._ctype)
+                self._f["combine"](part, mid)
+                part = mid
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 

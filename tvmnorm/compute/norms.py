@@ -13,7 +13,8 @@ fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row
 amax       amax_row[n], amax_part[ceil(n / AMAX_CHUNK)] -> amax[1]   (fp8 fwd only)
 dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H], part[1,q,H]
            layernorm  dy, x, mu, rsigma, gamma, (dz), dx, part[2,q,H]   (dz only for bwd_add)
-finalize   part[s,q,H] -> dgamma[H] (, dbeta[H]) in wtype
+combine    part[s,q,H] -> mid[s,ceil(q / COMBINE_GROUP),H]   (only for many partials)
+finalize   part[s,q,H] -> dgamma[H] (, dbeta[H]) in wtype   (or mid in place of part)
 
 The backward is one pass over dy and x on both targets: the ``dx`` kernel also writes the
 weight-gradient partials, part[0] for dgamma and (LayerNorm) part[1] for dbeta. Rows are cut into
@@ -21,7 +22,9 @@ chunks of a static T rows (``rows_per_partial``), q = ceildiv(n, T) of them, and
 the sum of the chunk's rows q*T .. q*T+T-1 (< n), so the task (llvm) or thread group (cuda) that
 walks a chunk's rows for dx keeps the running sums next to it and writes one partial row per
 chunk. ``finalize`` sums the partials in a fixed order. No atomics: the result is bitwise
-reproducible for a given shape.
+reproducible for a given shape. With many partials (QK-norm: 524288 rows of 128 make 16384)
+``combine`` first sums groups of COMBINE_GROUP of them, in parallel over the groups, and
+finalize sums the group sums (runtime.COMBINE_ABOVE decides, by the partial count alone).
 
 A two-pass backward (dx, then a ``wgrad`` kernel re-reading dy and x) was the CUDA path until
 the CUDA row schedule kept each thread's running sums in registers (see _cuda_partials in
@@ -37,7 +40,7 @@ from ..key import TVM_DTYPE, NormKey
 from ..targets import KINDS
 
 KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
-                "bwd": ("dx", "finalize"), "bwd_add": ("dx", "finalize")}
+                "bwd": ("dx", "combine", "finalize"), "bwd_add": ("dx", "combine", "finalize")}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
 # definition to the schedule, which splits the row loop by it.
@@ -116,7 +119,15 @@ def parts_of(key: NormKey, kind: str) -> tuple:
 
 
 def _rows(rows):
+    """The row count: symbolic int64 ``n`` (None), or a static one: a Python int (int32
+    indexing) or an int64 constant, which indexes as the symbolic kernel does (the CUDA tuner's
+    rows: tune.tuning_func)."""
     return te.var("n", "int64") if rows is None else rows
+
+
+def _wide(N) -> bool:
+    """Whether row count N indexes in int64: the symbolic n, or an int64 constant."""
+    return not isinstance(N, int) and str(N.ty) == "int64"
 
 
 def _func(args, name):
@@ -240,7 +251,7 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
     # transforms the layout of its register buffers, which refuses mixed index dtypes, and its
     # thread loops over columns must have the dtype of the other stages' thread loops. llvm keeps
     # int32 columns: int64 column arithmetic measured up to 25% slower there (layernorm bwd fp32)
-    idx = "int64" if isinstance(N, tirx.Var) and kind == "cuda" else "int32"
+    idx = "int64" if _wide(N) and kind == "cuda" else "int32"
     H = tirx.const(key.hidden_size, idx)
     dy, x, mu, rs = _bwd_inputs(key, N, H)
     w = te.placeholder((H,), TVM_DTYPE[key.wtype], name="gamma")
@@ -282,10 +293,10 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
     T = chunk_rows or rows_per_partial(key, kind)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
-    Q = tirx.floordiv(N + (T - 1), T) if isinstance(N, tirx.Var) else -(-N // T)
+    Q = tirx.floordiv(N + (T - 1), T) if _wide(N) else -(-N // T)
     # the dtype of the row loop it is merged with: int64 for the symbolic n, int32 for a static
     # count (tuning), or the merged loops mix index types
-    t = te.reduce_axis((0, tirx.const(T, "int64" if isinstance(N, tirx.Var) else "int32")), name="t")
+    t = te.reduce_axis((0, tirx.const(T, "int64" if _wide(N) else "int32")), name="t")
     zero = tirx.const(0.0, c)
 
     def term(s_, i, j):
@@ -320,10 +331,40 @@ def finalize(key: NormKey, name="finalize"):
     return _func([part] + outs, name)
 
 
+# Partials summed per group by ``combine``. finalize alone parallelises over columns only (a
+# block per 32 of them): at hidden 128 that is 4 blocks, and summing 16384 partials took ~120 us
+# of rmsnorm bwd's 231 us on the H200 (524288 rows; bench/results/h200-cold-tune-bwd.json).
+# combine runs ceil(q / 64) groups x column tiles in parallel, each thread with its 64 loads
+# unrolled (the group is a constant).
+COMBINE_GROUP = 64
+
+
+def combined_partials(count: int) -> int:
+    """Rows of combine's output for ``count`` partial rows."""
+    return -(-count // COMBINE_GROUP)
+
+
+def combine(key: NormKey, name="combine"):
+    """mid[s, g, j] = sum_u part[s, g*G + u, j] over u < G = COMBINE_GROUP (and g*G + u < p),
+    in ctype: the first of two fixed-order stages of the partial sum."""
+    c = TVM_DTYPE[key.ctype]
+    P = te.var("p", "int64")
+    S = 2 if key.norm == "layernorm" else 1
+    G = COMBINE_GROUP
+    part = te.placeholder((S, P, key.hidden_size), c, name="part")
+    u = te.reduce_axis((0, tirx.const(G, "int64")), name="u")
+    zero = tirx.const(0.0, c)
+    mid = te.compute((S, tirx.floordiv(P + (G - 1), G), key.hidden_size),
+                     lambda s_, g, j: te.sum(te.if_then_else(g * G + u < P, part[s_, g * G + u, j], zero), axis=u),
+                     name="mid")
+    return _func([part, mid], name)
+
+
 def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=None) -> dict:
     """part name -> PrimFunc for this key on target ``kind`` (the fused dx kernel's chunk size
     depends on it, unless ``chunk_rows`` sets it), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, kind, rows, n), "amax": lambda n: amax(rows, n),
-             "dx": lambda n: dx(key, kind, rows, n, chunk_rows), "finalize": lambda n: finalize(key, n)}
+             "dx": lambda n: dx(key, kind, rows, n, chunk_rows), "combine": lambda n: combine(key, n),
+             "finalize": lambda n: finalize(key, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

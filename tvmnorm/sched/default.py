@@ -108,6 +108,27 @@ def _cuda_finalize(func):
     return sch
 
 
+COMBINE_THREADS = 64  # threadIdx.x over the columns of a tile: 128-byte loads per half warp
+
+
+def _cuda_combine(func):
+    """A block per (s, group, tile of COMBINE_THREADS columns); each thread sums its column's
+    COMBINE_GROUP partials with the constant loop unrolled, so its loads are all in flight (the
+    partial count is the runtime's: the tail group's loads are guarded)."""
+    sch = Schedule(func)
+    mid = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    out = sch.cache_write(mid, 0, "local")  # the running sum in a register, one store
+    s, g, j, u = sch.get_loops(mid)
+    jo, ji = sch.split(j, [None, COMBINE_THREADS])
+    sch.reorder(g, s, jo, ji, u)
+    sch.bind(g, "blockIdx.x")  # the symbolic group count alone: no index math over it
+    sch.bind(sch.fuse(s, jo), "blockIdx.y")
+    sch.bind(ji, "threadIdx.x")
+    sch.unroll(u)
+    sch.reverse_compute_at(out, ji)
+    return sch
+
+
 AMAX_THREADS = 1024
 
 
@@ -131,6 +152,15 @@ def _cpu_finalize(func):
     return sch
 
 
+def _cpu_combine(func):
+    sch = Schedule(func)
+    mid = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    s, g, j, u = sch.get_loops(mid)
+    sch.reorder(s, g, u, j)  # contiguous columns innermost
+    sch.parallel(sch.fuse(s, g))
+    return sch
+
+
 def _cpu_amax(func):
     sch = Schedule(func)
     part = sch.get_child_blocks(sch.get_sblock("root"))[0]
@@ -146,10 +176,10 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
             if part == "dx" and is_fused(func):
                 return schedule_rows_cuda(func, fused_cuda_heuristic(func, hidden, itype_bytes))
             return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
-        return {"finalize": _cuda_finalize, "amax": _cuda_amax}[part](func)
+        return {"finalize": _cuda_finalize, "combine": _cuda_combine, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
-    return {"finalize": _cpu_finalize, "amax": _cpu_amax}[part](func)
+    return {"finalize": _cpu_finalize, "combine": _cpu_combine, "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):
