@@ -7,7 +7,9 @@
 # the same command can be issued again until it reports all keys tuned. Copy
 # $OUT/tuning.tgz back into the repository; with BENCH=1, $OUT/accepted-cuda-sm_90.json holds the
 # records that passed the float64 check and beat (or tie) the default schedule in the library:
-# that file is what goes into schedules/.
+# that file is what goes into schedules/. A retuned record that loses, in the library, to the
+# default or (PREVIOUS: benchmarks of the committed records' library) to the record it would
+# replace leaves that record in place.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -43,8 +45,10 @@ if [ -f "$STATE/lib/manifest.json" ]; then
     # the records that go into schedules/: float64-checked, and no slower than the default in
     # the library (tuning timed a static-row candidate; the library runs the symbolic-row kernel)
     if [ "$checked" -eq 0 ] && [ -f "$OUT/h200-tuned.json" ]; then
+      # shellcheck disable=SC2086 - PREVIOUS is a list of files
       python -m tvmnorm.tune accept "$STATE/schedules/cuda-sm_90.json" "$OUT/h200-tuned.json" \
         "$OUT/accepted-cuda-sm_90.json" --accepted schedules/cuda-sm_90.json \
+        --previous ${PREVIOUS-bench/results/h200-tuned.json} \
         && cp "$OUT/accepted-cuda-sm_90.json" "$STATE/"  # for bench/h200_verify.sh on the same machine
     fi
   fi

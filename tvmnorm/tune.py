@@ -528,8 +528,9 @@ def accept_main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--slack", type=float, default=0.02)
     ap.add_argument("--accepted", help="records accepted before (kept when this benchmark did not cover them)")
-    ap.add_argument("--previous", help="a benchmark of the --accepted records' library: a retuned record slower "
-                                       "than the one it replaces keeps that one")
+    ap.add_argument("--previous", nargs="*", default=[],
+                    help="benchmarks of the --accepted records' library (a later file's measurement of a case "
+                         "wins): a retuned record slower than the one it replaces keeps that one")
     args = ap.parse_args(argv)
 
     def read(path):
@@ -537,7 +538,7 @@ def accept_main(argv=None) -> int:
         return data, {int(k, 16): v for k, v in data["records"].items()}
     data, records = read(args.schedules)
     accepted = read(args.accepted)[1] if args.accepted else None
-    previous = json.loads(pathlib.Path(args.previous).read_text()) if args.previous else None
+    previous = {"records": [r for path in args.previous for r in json.loads(pathlib.Path(path).read_text())["records"]]}
     kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted,
                                    previous)
     for packed, why in sorted(dropped.items()):
