@@ -26,47 +26,54 @@ def us(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
+def copy_gbps():
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
+
+
+def measure(norm: str, h: int, ceiling: float) -> dict:
+    key = NormKey(norm=norm, stage="bwd", hidden_size=h)
+    k = REGISTRY.get(key, "cuda")
+    rows = train_rows(h)
+    s = 2 if norm == "layernorm" else 1
+    count = partials(rows, key, "cuda", k.chunk_rows)
+    dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
+    stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
+    gamma = torch.randn(h, device="cuda").bfloat16()
+    dx = torch.empty_like(x)
+    part = torch.randn(s, count, h, device="cuda")
+    mid = torch.empty(s, combined_partials(count), h, device="cuda")
+    grads = [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
+    f = k._f
+    r = {"norm": norm, "hidden": h, "rows": rows, "partials": count, "origin": k.origin,
+         "dx_us": us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)),
+         "finalize_us": us(lambda: f["finalize"](part, *grads)),
+         "combine_us": us(lambda: f["combine"](part, mid)),
+         "finalize_mid_us": us(lambda: f["finalize"](mid, *grads)),
+         "call_us": us(lambda: k(dy, x, *stats, gamma, dx, *grads))}
+    r["frac"] = 3 * rows * h * 2 / r["call_us"] / 1e3 / ceiling
+    r["two_stage_us"] = r["combine_us"] + r["finalize_mid_us"]
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
     ap.add_argument("--norms", default="rmsnorm,layernorm")
     args = ap.parse_args()
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_gbps = 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
-    del src, dst
-    print(f"copy ceiling {copy_gbps:.0f} GB/s", flush=True)
+    ceiling = copy_gbps()
+    print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            key = NormKey(norm=norm, stage="bwd", hidden_size=h)
-            k = REGISTRY.get(key, "cuda")
-            rows = train_rows(h)
-            s = 2 if norm == "layernorm" else 1
-            count = partials(rows, key, "cuda", k.chunk_rows)
-            dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
-            stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-            gamma = torch.randn(h, device="cuda").bfloat16()
-            dx = torch.empty_like(x)
-            part = torch.randn(s, count, h, device="cuda")
-            mid = torch.empty(s, combined_partials(count), h, device="cuda")
-            grads = [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
-            f = k._f
-            r = {"norm": norm, "hidden": h, "rows": rows, "partials": count, "origin": k.origin,
-                 "dx_us": us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)),
-                 "finalize_us": us(lambda: f["finalize"](part, *grads)),
-                 "combine_us": us(lambda: f["combine"](part, mid)),
-                 "finalize_mid_us": us(lambda: f["finalize"](mid, *grads)),
-                 "call_us": us(lambda: k(dy, x, *stats, gamma, dx, *grads))}
-            r["frac"] = 3 * rows * h * 2 / r["call_us"] / 1e3 / copy_gbps
-            r["two_stage_us"] = r["combine_us"] + r["finalize_mid_us"]
+            r = measure(norm, h, ceiling)
             out.append(r)
-            print(f"{norm:9s} H={h:5d} P={count:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
+            print(f"{norm:9s} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
                   f"(frac {r['frac']:.3f})", flush=True)
-            del dy, x, stats, dx, part, mid, grads
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": copy_gbps}
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": ceiling}
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 
 
