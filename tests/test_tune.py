@@ -92,7 +92,11 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
         default_us = next(1e6 * statistics.fmean(float(x) for x in r.run_secs) for r in top if is_default_trace(r.trace))
         assert recs[key.pack()]["run_us"][part] <= default_us
         assert ("default_won" in recs[key.pack()]) == (recs[key.pack()]["run_us"][part] == default_us)
-    # the library serves the tuned kernels, and they are right
+    # the library serves the tuned kernels, and they are right; its manifest names each record
+    from tvmnorm.build import record_fingerprint
+    manifest = json.loads((tmp_path / "lib" / "manifest.json").read_text())
+    assert {k["key"]: k["record"] for k in manifest["kernels"]} == {
+        k: record_fingerprint(r) for k, r in recs.items()}
     reg = Registry()
     reg.set_library("llvm", tmp_path / "lib")
     for key in (fwd, bwd):
@@ -354,12 +358,26 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
                  keys[2048].pack(): {"key": keys[2048].name, "parts": "old"}}
     retuned = {keys[1024].pack(): {"key": keys[1024].name, "parts": "new"},
                keys[2048].pack(): {"key": keys[2048].name, "parts": "new"}}
-    previous = {"records": [rec(1024, "tvmnorm_tuned", 9.0), rec(2048, "tvmnorm_tuned", 21.0)]}
+    previous = [{"records": [rec(1024, "tvmnorm_tuned", 9.0), rec(2048, "tvmnorm_tuned", 21.0)]}]
     kept, dropped = accept_records(retuned, bench, accepted=committed, previous=previous)
     assert kept[keys[1024].pack()]["parts"] == "old" and "than the record it replaces" in dropped[keys[1024].pack()]
     assert kept[keys[2048].pack()]["parts"] == "new" and keys[2048].pack() not in dropped
     kept, dropped = accept_records(committed, bench, accepted=committed, previous=previous)  # unchanged
     assert kept == committed and not dropped
+    # a benchmark counts only for the records its library ran (the manifest's fingerprint): one
+    # of a library that ran another 1024 record says nothing about the committed one
+    from tvmnorm.build import record_fingerprint
+    other = {**previous[0], "meta": {"library": {"kernels": [
+        {"key": keys[1024].pack(), "record": record_fingerprint({"parts": "another"})},
+        {"key": keys[2048].pack(), "record": record_fingerprint(committed[keys[2048].pack()])}]}}}
+    kept, dropped = accept_records(retuned, bench, accepted=committed, previous=[other])
+    assert kept[keys[1024].pack()]["parts"] == "new" and keys[1024].pack() not in dropped
+    slow = {"records": [rec(2048, "tvmnorm_tuned", 19.0)], "meta": other["meta"]}
+    kept, dropped = accept_records(retuned, bench, accepted=committed, previous=[slow])
+    assert kept[keys[2048].pack()]["parts"] == "old" and "than the record it replaces" in dropped[keys[2048].pack()]
+    # a later file that ran another record does not override an earlier one that ran this one
+    kept, _ = accept_records(retuned, bench, accepted=committed, previous=[previous[0], other])
+    assert kept[keys[1024].pack()]["parts"] == "old"
     # a retune that lost to the default leaves the committed record; the committed record
     # itself losing to the default is dropped
     old = {keys[7168].pack(): {"key": keys[7168].name, "parts": "old"}}

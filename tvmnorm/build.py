@@ -66,6 +66,15 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict
     return out
 
 
+def record_fingerprint(record: dict | None) -> str | None:
+    """What identifies a tuned record's kernel (its traces and T): the manifest keeps it, so a
+    benchmark of a library says which records it measured (tune accept --previous)."""
+    if not record:
+        return None
+    what = {"parts": record.get("parts"), "rows_per_partial": record.get("rows_per_partial")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def chunk_rows_of(funcs: dict) -> int | None:
     """T of the dx kernel among a key's scheduled ``funcs`` (the attribute its compute carries),
     or None for a key without one (forward): the runtime sizes the partials by it."""
@@ -129,7 +138,8 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
                         "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default",
                         "rows_per_partial": chunk_rows_of(kfuncs),
                         # tuned, but no sampled candidate beat the default rule's schedule
-                        "default_won": bool(rec and rec.get("default_won"))})
+                        "default_won": bool(rec and rec.get("default_won")),
+                        "record": record_fingerprint(rec)})
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-build-", dir=out_dir.parent))
     try:

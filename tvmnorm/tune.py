@@ -474,8 +474,25 @@ def _bench_runs(bench: dict) -> dict:
     return runs
 
 
+def _previous_runs(previous, accepted) -> dict:
+    """(packed key, rows) -> impl -> record from benchmarks of earlier libraries (a later file's
+    measurement of a case wins), where a key's measurements count only if that library ran the
+    ``accepted`` record (the fingerprint its manifest keeps; a manifest from before fingerprints
+    cannot say, and counts)."""
+    from .build import record_fingerprint
+    out = {}
+    for bench in previous or []:
+        kernels = {k["key"]: k for k in ((bench.get("meta") or {}).get("library") or {}).get("kernels") or []}
+        for (packed, rows), impls in _bench_runs(bench).items():
+            entry = kernels.get(packed, {})
+            if "record" in entry and entry["record"] != record_fingerprint((accepted or {}).get(packed)):
+                continue  # that library ran another record of this key
+            out.setdefault((packed, rows), {}).update(impls)
+    return out
+
+
 def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: dict | None = None,
-                   previous: dict | None = None) -> tuple:
+                   previous: list | None = None) -> tuple:
     """The tuned records a benchmark run of their library supports: a record stays when its
     key's ``tvmnorm_tuned`` kernel passed the float64 refcheck and was no slower than
     ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
@@ -485,12 +502,12 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
     A retuned record (its trace differs from the ``accepted`` one) that fails gives way to the
     record it would replace, which stays in ``kept``; so does one that ran slower (beyond
-    ``slack``) than that record did in ``previous``, a benchmark of the ``accepted`` records'
-    library. In the fifth lease retuned bwd records measured faster than the committed ones in
-    tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
+    ``slack``) than that record did in ``previous``, benchmarks of libraries that ran it
+    (_previous_runs). In the fifth lease retuned bwd records measured faster than the committed
+    ones in tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
     Returns (kept, dropped: packed key -> reason)."""
     runs = _bench_runs(bench)
-    before_runs = _bench_runs(previous) if previous else {}
+    before_runs = _previous_runs(previous, accepted)
     kept, dropped = {}, {}
     for packed, rec in records.items():
         seen = [(rows, impls) for (k, rows), impls in runs.items() if k == packed]
@@ -538,7 +555,7 @@ def accept_main(argv=None) -> int:
         return data, {int(k, 16): v for k, v in data["records"].items()}
     data, records = read(args.schedules)
     accepted = read(args.accepted)[1] if args.accepted else None
-    previous = {"records": [r for path in args.previous for r in json.loads(pathlib.Path(path).read_text())["records"]]}
+    previous = [json.loads(pathlib.Path(path).read_text()) for path in args.previous]
     kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted,
                                    previous)
     for packed, why in sorted(dropped.items()):
