@@ -385,6 +385,11 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert kept == old and "slower than the default" in dropped[keys[7168].pack()]
     kept, dropped = accept_records(old, bench, accepted=old)
     assert not kept and "slower than the default" in dropped[keys[7168].pack()]
+    # the same traces at another chunk size T are another kernel: a retune that lost keeps the old
+    at16 = {keys[7168].pack(): {"key": keys[7168].name, "parts": "old", "rows_per_partial": 16}}
+    kept, _ = accept_records({keys[7168].pack(): {**at16[keys[7168].pack()], "rows_per_partial": 32}}, bench,
+                             accepted=at16)
+    assert kept == at16
 
 
 def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):

@@ -147,8 +147,8 @@ def _random(shape, dtype: str, kind: str):
     return tvm.runtime.tensor(host, dev), host
 
 
-# Bytes the CUDA runner copies device to device before each timed call: twice the 60 MB L2 of an
-# H100/H200 and more, as triton's do_bench (the bench's timer) writes 256 MB before each call.
+# Bytes the CUDA runner copies device to device before each timed call: four times the 60 MB L2
+# of an H200, as triton's do_bench (the bench's timer) writes 256 MB before each call.
 # The copy leaves the L2 full of dirty lines that the timed kernel must write back, as in the bench.
 CUDA_FLUSH_BYTES = 256 << 20
 CUDA_REPEATS = 20

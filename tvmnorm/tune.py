@@ -506,13 +506,16 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     (_previous_runs). In the fifth lease retuned bwd records measured faster than the committed
     ones in tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
     Returns (kept, dropped: packed key -> reason)."""
+    from .build import record_fingerprint
     runs = _bench_runs(bench)
     before_runs = _previous_runs(previous, accepted)
     kept, dropped = {}, {}
     for packed, rec in records.items():
         seen = [(rows, impls) for (k, rows), impls in runs.items() if k == packed]
         before = (accepted or {}).get(packed)
-        reason = None if seen or (before and before.get("parts") == rec.get("parts")) else "not benchmarked"
+        # the same traces at another T are another kernel: the fingerprint tells them apart
+        retuned = bool(before) and record_fingerprint(before) != record_fingerprint(rec)
+        reason = None if seen or (before and not retuned) else "not benchmarked"
         for rows, impls in seen:
             tuned, default = impls.get("tvmnorm_tuned", {}), impls.get("tvmnorm_default", {})
             if tuned.get("status") != "ok":
@@ -522,13 +525,12 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
             if reason:
                 break
             was = before_runs.get((packed, rows), {}).get("tvmnorm_tuned", {})
-            if before and before.get("parts") != rec.get("parts") and was.get("status") == "ok" \
-                    and tuned["us"] > was["us"] * (1 + slack):
+            if retuned and was.get("status") == "ok" and tuned["us"] > was["us"] * (1 + slack):
                 reason = f"slower than the record it replaces at {rows} rows ({tuned['us']:.1f} vs {was['us']:.1f} us)"
                 break
         if reason:
             dropped[packed] = reason
-            if before and before.get("parts") != rec.get("parts"):
+            if retuned:
                 kept[packed] = before  # a retune that failed leaves the record it would replace
         else:
             kept[packed] = rec

@@ -108,7 +108,7 @@ def _cuda_finalize(func):
     return sch
 
 
-COMBINE_THREADS = 64  # threadIdx.x over the columns of a tile: 128-byte loads per half warp
+COMBINE_THREADS = 64  # threadIdx.x over the columns of a tile: a warp's 32 columns are one 128-byte load
 
 
 def _cuda_combine(func):
