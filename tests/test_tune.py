@@ -254,6 +254,32 @@ def test_records_measured_another_way_are_due_again():
                for k, r in load_records("llvm").items())
 
 
+def test_dx_candidates_are_timed_with_the_partial_sum_after_them(monkeypatch):
+    """Each dx task's candidates carry the time of the kernels that sum its partials (finalize,
+    after combine above runtime.COMBINE_ABOVE partials), so the choice of T pays for the partial
+    rows it makes; other tasks carry nothing."""
+    from tvmnorm import runtime
+    from tvmnorm.measure import InProcessBuilder, InProcessRunner
+    from tvmnorm.sched.default import default_schedule
+    from tvmnorm.tune import _tasks, measure_schedules, partial_sum_costs
+    bwd = NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    fwd = NormKey(itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    funcs, owner = _tasks([bwd, fwd], "llvm", 8192)  # T = 64 on llvm: 128 partials
+    runner = InProcessRunner("llvm")
+    costs = partial_sum_costs(funcs, owner, "llvm", InProcessBuilder("llvm", workers=1), runner)
+    assert set(costs) == {f"{bwd.name}_dx"} and costs[f"{bwd.name}_dx"] > 0 and runner.measured == 1
+    monkeypatch.setattr(runtime, "COMBINE_ABOVE", 64)  # 128 partials: combine, then finalize
+    partial_sum_costs(funcs, owner, "llvm", InProcessBuilder("llvm", workers=1), runner)
+    assert runner.measured == 3
+    # the runner adds a task's cost to each of its measurements, and only to that task's
+    task = f"{bwd.name}_dx"
+    runner.add_fixed(funcs[task], 1.0)
+    items = [(default_schedule(funcs[name], owner[name][1], "llvm", 4), funcs[name])
+             for name in (task, f"{fwd.name}_fwd")]
+    (dx_secs, _), (fwd_secs, _) = measure_schedules(items, "llvm", InProcessBuilder("llvm", workers=1), runner)
+    assert all(1.0 < t < 1.1 for t in dx_secs) and all(t < 0.1 for t in fwd_secs)
+
+
 def test_load_records_reads_what_tune_wrote(tmp_path):
     from tvmnorm.tune import save_records
     save_records("llvm", {NormKey().pack(): {"key": NormKey().name, "parts": {}, "trials": 3}}, tmp_path)

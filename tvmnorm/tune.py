@@ -143,14 +143,52 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     work.mkdir(parents=True, exist_ok=True)
     builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
     runner = InProcessRunner(kind)
+    for task, secs in partial_sum_costs(funcs, owner, kind, builder, runner).items():
+        runner.add_fixed(funcs[task], secs)
+    before = runner.measured
     seeded, db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed, committed)
-    if runner.measured <= seeded:
+    if runner.measured - before <= seeded:
         # no sampled candidate of any task was built and timed (the seeds may have been): a
         # broken toolchain, device or space; going on would spend the whole budget (one GPU
         # lease) learning nothing
         raise TuningBroken(f"no candidate of {len(funcs)} tasks could be built and timed; first errors:\n"
                            + "\n".join((builder.errors + runner.errors)[:3]))
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials)
+
+
+def partial_sum_costs(funcs, owner, kind: str, builder, runner) -> dict:
+    """task -> seconds of the kernels that sum a dx task's weight-gradient partials (its rows in
+    chunks of its T), as the library runs them: combine where runtime.COMBINE_ABOVE says, then
+    finalize, default schedules, timed like candidates (all built at once). The tuner adds them
+    to every candidate of the task: T trades the dx kernel's parallelism against the partial
+    rows these kernels read, and tuning the dx kernel alone picked T = 16 at hidden 128 on the
+    H200, whose 32768 partials then took longer to sum than its dx kernel ran (layernorm:
+    632.8 us in the library against 413.6 for the default at T = 32). A task whose partial sum
+    could not be built and timed is left out (its search goes on without it)."""
+    from .compute.norms import combine, combined_partials, finalize, num_partials, rows_per_partial
+    from .runtime import COMBINE_ABOVE
+    from .sched.default import default_schedule
+    items, whose = [], []
+    for task in funcs:
+        key, part, rows, chunk = owner[task]
+        if part != "dx":
+            continue
+        count = num_partials(rows, chunk or rows_per_partial(key, kind))
+        stages = []
+        if count > COMBINE_ABOVE:
+            stages.append(("combine", combine(key, "main", partials=count)))
+            count = combined_partials(count)
+        stages.append(("finalize", finalize(key, "main", partials=count)))
+        for stage, f in stages:
+            items.append((default_schedule(f, stage, kind, DTYPE_BYTES[key.itype]), f))
+            whose.append(task)
+    costs, failed = {}, set()
+    for task, (secs, _) in zip(whose, measure_schedules(items, kind, builder, runner) if items else []):
+        if secs is None:
+            failed.add(task)
+        else:
+            costs[task] = costs.get(task, 0.0) + statistics.fmean(secs)
+    return {task: c for task, c in costs.items() if task not in failed}
 
 
 class TuningBroken(RuntimeError):

@@ -315,12 +315,18 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
     return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)
 
 
-def finalize(key: NormKey, name="finalize"):
+def _partial_count(partials):
+    """The partial row count: symbolic ``p``, or a static one (``partials``: the tuner times the
+    partial sum at its row count and T)."""
+    return te.var("p", "int64") if partials is None else tirx.const(partials, "int64")
+
+
+def finalize(key: NormKey, name="finalize", partials=None):
     """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype. The partial
     count p = ceildiv(rows, T) is symbolic; the runtime passes one zero partial for no rows."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
-    P = te.var("p", "int64")
+    P = _partial_count(partials)
     S = 2 if key.norm == "layernorm" else 1
     part = te.placeholder((S, P, H), c, name="part")
     outs = []
@@ -344,11 +350,11 @@ def combined_partials(count: int) -> int:
     return -(-count // COMBINE_GROUP)
 
 
-def combine(key: NormKey, name="combine"):
+def combine(key: NormKey, name="combine", partials=None):
     """mid[s, g, j] = sum_u part[s, g*G + u, j] over u < G = COMBINE_GROUP (and g*G + u < p),
     in ctype: the first of two fixed-order stages of the partial sum."""
     c = TVM_DTYPE[key.ctype]
-    P = te.var("p", "int64")
+    P = _partial_count(partials)
     S = 2 if key.norm == "layernorm" else 1
     G = COMBINE_GROUP
     part = te.placeholder((S, P, key.hidden_size), c, name="part")
