@@ -5,7 +5,9 @@ before each call) at the catalog's training rows, against the copy ceiling of th
     TVMNORM_LIBRARY=... python bench/bwd_parts.py --out $OUT [--hidden 128,1024,8192]
 
 Writes bwd-parts.json. It decides runtime.COMBINE_ABOVE: at how many partials the two stages
-beat finalize alone.
+beat finalize alone. With --finalize 32x16,8x64,... it also times finalize split other ways
+(columns per block x threadIdx.y lanes, sched.default._cuda_finalize), each checked against the
+default's dgamma, to choose that split by measurement.
 """
 from __future__ import annotations
 
@@ -32,7 +34,17 @@ def copy_gbps():
     return 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
 
 
-def measure(norm: str, h: int, ceiling: float) -> dict:
+def finalize_variant(key, columns: int, lanes: int):
+    """The key's finalize kernel with another split, compiled on its own."""
+    from tvmnorm.build import compile_funcs
+    from tvmnorm.compute.norms import finalize
+    from tvmnorm.sched.default import _cuda_finalize
+    sch = _cuda_finalize(finalize(key, "f"), columns, lanes)
+    return compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
+                         "cuda").mod["f"]
+
+
+def measure(norm: str, h: int, ceiling: float, variants=()) -> dict:
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     rows = train_rows(h)
@@ -54,6 +66,15 @@ def measure(norm: str, h: int, ceiling: float) -> dict:
          "call_us": us(lambda: k(dy, x, *stats, gamma, dx, *grads))}
     r["frac"] = 3 * rows * h * 2 / r["call_us"] / 1e3 / ceiling
     r["two_stage_us"] = r["combine_us"] + r["finalize_mid_us"]
+    f["finalize"](part, *grads)
+    want = [g.float() for g in grads]
+    r["finalize_variants"] = {}
+    for columns, lanes in variants:
+        fin = finalize_variant(key, columns, lanes)
+        got = [torch.full_like(g, float("nan")) for g in grads]
+        fin(part, *got)
+        err = max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
+        r["finalize_variants"][f"{columns}x{lanes}"] = {"us": us(lambda: fin(part, *got)), "rel_err": err}
     return r
 
 
@@ -62,17 +83,20 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
     ap.add_argument("--norms", default="rmsnorm,layernorm")
+    ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES, e.g. 8x64,16x32")
     args = ap.parse_args()
+    variants = [tuple(int(v) for v in c.split("x")) for c in args.finalize.split(",") if c]
     ceiling = copy_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            r = measure(norm, h, ceiling)
+            r = measure(norm, h, ceiling, variants)
             out.append(r)
             print(f"{norm:9s} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
-                  f"(frac {r['frac']:.3f})", flush=True)
+                  f"(frac {r['frac']:.3f})" + "".join(f"  {k} {v['us']:.1f} (err {v['rel_err']:.0e})"
+                                                      for k, v in r["finalize_variants"].items()), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": ceiling}
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 

@@ -88,6 +88,21 @@ def test_finalize_splits_the_partials_over_lanes():
     assert re.search(r"threadIdx\.y\) < \(int64_t\)1\)+ \{\s*dgamma_ptr\[", body)
 
 
+@pytest.mark.parametrize("columns,lanes", [(32, 16), (16, 32), (8, 64), (8, 128)])
+def test_finalize_split_variants_compile(columns, lanes):
+    """bench/bwd_parts.py times finalize split other ways on the GPU: each split compiles to a
+    block of columns x lanes threads with the partials reduced across its lanes, no atomics."""
+    from tvmnorm.compute.norms import finalize
+    from tvmnorm.sched.default import _cuda_finalize
+    sch = _cuda_finalize(finalize(NormKey(norm="layernorm", stage="bwd", hidden_size=1000), "f"), columns, lanes)
+    ex = compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
+                       "cuda")
+    src = ex.mod.imports[0].inspect_source()
+    bounds = re.findall(r"__global__ void __launch_bounds__\((\d+)\) \w+\([^)]*\) \{", src)
+    assert bounds == [str(columns * lanes)] * 2  # dgamma, dbeta
+    assert "threadIdx.y" in src and "atomic" not in src
+
+
 def test_fp8_amax_is_reduced_by_many_blocks_then_one():
     """amax over the rows' maxima runs as two launches: one block per AMAX_CHUNK rows, then one
     block over the chunk maxima (one block over every row read 524288 of them serially)."""

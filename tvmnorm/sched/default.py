@@ -83,27 +83,29 @@ FINALIZE_COLUMNS = 32   # threadIdx.x: one warp over 32 consecutive columns, 128
 FINALIZE_LANES = 16     # threadIdx.y: lanes that split the partials of a column
 
 
-def _cuda_finalize(func):
+def _cuda_finalize(func, columns: int = FINALIZE_COLUMNS, lanes: int = FINALIZE_LANES):
     """dgamma[j] = sum over the partials: a block per 32 columns, the partial axis split over
     16 threadIdx.y lanes (each sums every 16th partial serially, coalesced over the columns),
     then a cross-lane tree reduction in shared memory. Thousands of partials (QK-norm: 524288
     rows of 128 in chunks of 64 give 8192) are summed by 512 threads per 32 columns, not one
-    serial thread per column. The order is fixed by the shape alone: deterministic."""
+    serial thread per column. The order is fixed by the shape alone: deterministic.
+    ``columns`` and ``lanes`` are there for bench/bwd_parts.py, which times other splits on the
+    GPU (at 512 partials this kernel took 10-25 us on the H200, 4-32 blocks below hidden 1024)."""
     sch = Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     for acc, out in zip(blocks[0::2], blocks[1::2]):  # (dgamma_acc, dgamma), (dbeta_acc, dbeta)
         (j,) = sch.get_loops(out)
-        jo, ji = sch.split(j, [None, FINALIZE_COLUMNS])
+        jo, ji = sch.split(j, [None, columns])
         sch.bind(jo, "blockIdx.x")
         sch.bind(ji, "threadIdx.x")
         sch.compute_at(acc, ji)
         sch.set_scope(acc, 0, "local")
         (q,) = sch.get_loops(acc)[2:]
-        qo, qy = sch.split(q, [None, FINALIZE_LANES])
+        qo, qy = sch.split(q, [None, lanes])
         sch.reorder(qy, qo)
         sch.bind(qy, "threadIdx.y")  # reduction loop on a thread axis: LowerCrossThreadReduction
         # the cast and store are done by lane 0 only (a unit loop bound to threadIdx.y)
-        _, lane = sch.split(sch.add_unit_loop(out), [None, FINALIZE_LANES])
+        _, lane = sch.split(sch.add_unit_loop(out), [None, lanes])
         sch.bind(lane, "threadIdx.y")
     return sch
 
