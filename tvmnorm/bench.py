@@ -779,8 +779,8 @@ def _record(case: Case, impl, status, **kw) -> dict:
     r = {"op": case.op, "dtype": case.dtype, "hidden": case.hidden, "rows": case.rows, "tokens": case.tokens,
          "rows_kind": case.rows_kind, "model": case.model, "what": case.what, "impl": impl, "status": status,
          "us": None, "us_p20": None, "us_p80": None, "gbps": None, "copy_gbps": None, "frac": None,
-         "copy_at_size_gbps": None, "frac_at_size": None, "bytes": case.bytes, "err": None, "tol": None, "n_sets": None, "origin": None, "setup_s": None,
-         "error": None}
+         "copy_at_size_gbps": None, "frac_at_size": None, "bytes": case.bytes, "err": None, "tol": None,
+         "n_sets": None, "origin": None, "setup_s": None, "error": None}
     r.update(kw)
     return r
 

@@ -201,7 +201,7 @@ class InProcessRunner(ms.runner.PyRunner):
     def add_fixed(self, func, seconds: float) -> None:
         """Add ``seconds`` to every measurement of a candidate of ``func`` (a task: candidates
         are told apart from other tasks' by their argument shapes and dtypes): the cost of the
-        kernels that always follow it in the library (tune.partial_sum_seconds)."""
+        kernels that always follow it in the library (tune.partial_sum_costs)."""
         self._fixed[self._signature(ms.arg_info.ArgInfo.from_prim_func(func))] = seconds
 
     def _arg(self, pos, info):

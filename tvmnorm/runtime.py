@@ -61,6 +61,14 @@ def signature(key: NormKey) -> list:
 COMBINE_ABOVE = 1024
 
 
+def combined_rows(count: int) -> int | None:
+    """The partial rows combine leaves of ``count`` before finalize sums them, or None where
+    finalize sums the ``count`` alone (COMBINE_ABOVE decides). The runtime and the tuner, which
+    times the partial sum with each dx candidate, both ask here."""
+    from .compute.norms import combined_partials
+    return combined_partials(count) if count > COMBINE_ABOVE else None
+
+
 def partials(rows: int, key: NormKey, kind: str, chunk_rows: int | None = None) -> int:
     """How many dgamma/dbeta partial rows the backward writes: one per chunk of T rows of the dx
     kernel (``chunk_rows``: a library kernel's T from its manifest; default
@@ -146,9 +154,9 @@ class NormKernel:
             count = partials(rows, self.key, self.kind, self.chunk_rows)
             part = _alloc(a["x"], (s, count, self.key.hidden_size), self._ctype)
             self._f["dx"](*dx_args, part)
-            if count > COMBINE_ABOVE:
-                from .compute.norms import combined_partials
-                mid = _alloc(a["x"], (s, combined_partials(count), self.key.hidden_size), self._ctype)
+            mid_rows = combined_rows(count)
+            if mid_rows is not None:
+                mid = _alloc(a["x"], (s, mid_rows, self.key.hidden_size), self._ctype)
                 self._f["combine"](part, mid)
                 part = mid
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))

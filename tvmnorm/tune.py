@@ -158,15 +158,15 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
 
 def partial_sum_costs(funcs, owner, kind: str, builder, runner) -> dict:
     """task -> seconds of the kernels that sum a dx task's weight-gradient partials (its rows in
-    chunks of its T), as the library runs them: combine where runtime.COMBINE_ABOVE says, then
+    chunks of its T), as the library runs them: combine where runtime.combined_rows says, then
     finalize, default schedules, timed like candidates (all built at once). The tuner adds them
     to every candidate of the task: T trades the dx kernel's parallelism against the partial
     rows these kernels read, and tuning the dx kernel alone picked T = 16 at hidden 128 on the
     H200, whose 32768 partials then took longer to sum than its dx kernel ran (layernorm:
     632.8 us in the library against 413.6 for the default at T = 32). A task whose partial sum
     could not be built and timed is left out (its search goes on without it)."""
-    from .compute.norms import combine, combined_partials, finalize, num_partials, rows_per_partial
-    from .runtime import COMBINE_ABOVE
+    from .compute.norms import combine, finalize, num_partials, rows_per_partial
+    from .runtime import combined_rows
     from .sched.default import default_schedule
     items, whose = [], []
     for task in funcs:
@@ -174,10 +174,10 @@ def partial_sum_costs(funcs, owner, kind: str, builder, runner) -> dict:
         if part != "dx":
             continue
         count = num_partials(rows, chunk or rows_per_partial(key, kind))
-        stages = []
-        if count > COMBINE_ABOVE:
+        stages, mid_rows = [], combined_rows(count)
+        if mid_rows is not None:
             stages.append(("combine", combine(key, "main", partials=count)))
-            count = combined_partials(count)
+            count = mid_rows
         stages.append(("finalize", finalize(key, "main", partials=count)))
         for stage, f in stages:
             items.append((default_schedule(f, stage, kind, DTYPE_BYTES[key.itype]), f))
