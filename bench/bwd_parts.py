@@ -97,7 +97,12 @@ def main():
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
                   f"(frac {r['frac']:.3f})" + "".join(f"  {k} {v['us']:.1f} (err {v['rel_err']:.0e})"
                                                       for k, v in r["finalize_variants"].items()), flush=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": ceiling}
+    from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
+    from tvmnorm.build import source_hash
+    # the kernel sources' hash names the tree: a device copy's git metadata can be stale
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "tvm": TVM_VERSION, "tvm_ffi": FFI_VERSION, "tvmnorm_source_hash": source_hash(),
+            "copy_gbps": ceiling}
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 
 
