@@ -130,3 +130,33 @@ def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
     assert per_row["layernorm"] == per_row["rmsnorm"] == 2
     ln = sources["layernorm"]
     assert "red_buf1" in ln, "the two sums do not share one allreduce"
+
+
+@pytest.mark.parametrize("norm,hidden,threads,prefetch,stages", [
+    ("layernorm", 8192, 512, 1, 2), ("rmsnorm", 1024, 64, 2, 3), ("layernorm", 1000, 128, 4, 2)])
+def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidden, threads, prefetch, stages):
+    """The tuned space's pipelined dx (sched.rows._cuda_pipeline): `stages` copies of the group's
+    row registers, indexed by constants only (the walk over the chunk is unrolled), and the loads
+    of the first `stages` groups issued before the first row's allreduce barrier; after it, each
+    group's compute is preceded by the loads of the group `stages` - 1 ahead."""
+    from tvmnorm.build import compile_funcs, scheduled_funcs
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+    key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
+    vec = 8
+    dx = kernel_funcs(key, "cuda")["dx"]
+    name = dx.attrs["global_symbol"]
+    cfg = CudaRowConfig(threads=threads, rows=1, vec=vec, prefetch=prefetch, stages=stages)
+    funcs = scheduled_funcs(key, "cuda")
+    funcs[name] = (schedule_rows_cuda(dx.with_attr("global_symbol", "main"), cfg).mod["main"]
+                   .with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True))
+    body = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "dx")
+    vectors = -(-hidden // (threads * vec))
+    for buf in ("dy_local_ptr", "x_local_ptr"):
+        assert re.search(rf" {buf}\[(\d+)\];", body)[1] == str(stages * prefetch * vectors * vec), buf
+        indices = re.findall(rf"\b{buf}\[([^\]]*)\]", body)[1:]
+        assert all(re.fullmatch(r"(\(int64_t\))?\d+", i) for i in indices), indices[:4]
+    loads = [m.start() for m in re.finditer(r"= \*\(\w+\*\)\(dy_ptr", body)]
+    first_barrier = body.index("__syncthreads")
+    assert sum(p < first_barrier for p in loads) == stages * prefetch * vectors
+    assert "for (" not in body, "the walk over the chunk's rows is not unrolled"

@@ -514,8 +514,8 @@ def test_fused_space_samples_only_valid_block_sizes():
     from tvmnorm.sched.space import ROWS, fused_cuda_variants, fused_rows, space_size
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
     variants = fused_cuda_variants(bwd)
-    assert all(t * r <= 1024 for t, _, _ in variants for r in fused_rows(t))
-    assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) for t, _, _ in variants) < len(variants) * len(ROWS)
+    assert all(v[0] * r <= 1024 for v in variants for r in fused_rows(v[0]))
+    assert space_size(bwd, "cuda") == sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
     assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
 
 

@@ -37,6 +37,8 @@ class CudaRowConfig:
     vec: int = 1              # consecutive elements per thread per step (vector width)
     unroll: int = 256         # pragma_auto_unroll_max_step on the per-thread loop
     prefetch: int = 1         # fused dx only: rows of a chunk loaded into registers at once
+    stages: int = 1           # fused dx only: groups of rows in flight (2: the next group loads
+                              # while this one computes)
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -207,6 +209,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if part is not None:
         _cuda_row_registers(sch, group, cfg)
         _cuda_partials(sch, ty, cfg)
+        if cfg.stages > 1:
+            _cuda_pipeline(sch, group, cfg.stages)
     return sch
 
 
@@ -263,6 +267,26 @@ def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
         sch.unroll(o)
         sch.vectorize(v)
         sch.transform_layout(cache, ("write", 0), layout, assume_injective_transform=True)
+
+
+def _cuda_pipeline(sch, group, stages: int):
+    """Software-pipeline the walk over a chunk's groups of rows: the loads of group g + stages - 1
+    are issued before group g is computed, into another copy of the row registers. Without it a
+    lane's loads and its compute alternate: at hidden 8192 one row of dy and x (32 KB) per SM
+    was in flight while the row's allreduce barriers ran, about half of what copy bandwidth
+    needs (layernorm bwd at 0.48 of the copy ceiling). InjectSoftwarePipeline makes `stages`
+    versions of the row registers, indexed by the group's number modulo `stages`; the group loop
+    is unrolled so those indices are constants (registers, not local memory), which also makes
+    the prologue and epilogue straight-line code. The group loop's body is the loads of dy and x
+    (_cuda_row_registers put them first) and then the loop over the group's rows."""
+    body = sch.get(group).body
+    children = len(body.seq) if hasattr(body, "seq") else 1
+    loads = len(ROW_OPERANDS)
+    if children != loads + 1:
+        raise ValueError(f"expected the row loads and the row loop under the group loop, got {children} statements")
+    sch.annotate(group, "software_pipeline_stage", [0] * loads + [stages - 1])
+    sch.annotate(group, "software_pipeline_order", list(range(children)))
+    sch.unroll(group)
 
 
 def _cuda_partials(sch, lane, cfg: CudaRowConfig):

@@ -28,9 +28,11 @@ rows per parallel task (for the fused bwd kernel: chunks of T rows per task, 1..
 The bwd row kernel ``dx`` has the same knobs. It also writes the dgamma/dbeta partials and the
 row schedule splits its rows into chunks of the key's static T (``rows_per_partial``), so
 ``rows`` counts chunks per task (llvm) or per block (cuda) there. On CUDA each thread keeps its
-columns' running sums and ``prefetch`` rows of dy and x in registers, whose layout depends on
-threads, vec and prefetch: there each triple is its own design space (``fused_cuda_variants``,
-pruned to what fits FUSED_REGISTERS), and rows per block is sampled within it.
+columns' running sums and ``stages`` groups of ``prefetch`` rows of dy and x in registers, whose
+layout depends on threads, vec and prefetch, and the next groups load while one computes
+(``stages`` > 1, a software pipeline): there each (threads, vec, prefetch, stages) is its own
+design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block
+is sampled within it.
 """
 from __future__ import annotations
 
@@ -67,15 +69,16 @@ def _categorical(sch, choices):
 
 
 def cuda_space(key: NormKey, fused=None):
-    """The CUDA row space. ``fused`` = (threads, vec, prefetch), plain ints, makes it one
+    """The CUDA row space. ``fused`` = (threads, vec, prefetch, stages), plain ints, makes it one
     structural variant of the fused dx kernel: they decide the register layout of its row
-    operands and partial sums (a constant of the trace, see _thread_layout), and its loops over
-    registers are unrolled whatever the unroll knob, so only rows per block is sampled there."""
+    operands and partial sums (a constant of the trace, see _thread_layout) and the software
+    pipeline over its rows, and its loops over registers are unrolled whatever the unroll knob,
+    so only rows per block is sampled there."""
     def space(sch):
         rows = _categorical(sch, fused_rows(fused[0]) if fused is not None else ROWS)
         if fused is not None:
-            threads, vec, prefetch = fused
-            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch)
+            threads, vec, prefetch, stages = fused
+            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
@@ -97,12 +100,15 @@ def fused_rows(threads: int) -> list:
 # rows (``fused_registers``); nvcc needs the rest for addresses and the math.
 FUSED_REGISTERS = 128
 PREFETCH = (1, 2, 4, 8)
+# groups of rows in flight per chunk lane (rows._cuda_pipeline): 1 loads a group, then computes it
+STAGES = (1, 2, 3)
 
 
-def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int) -> int:
-    """Registers for S running sums per element and ``prefetch`` rows of dy and x (two
-    tensors of ``elem_bytes`` per element: a bf16 pair is one register, an fp32 pair two)."""
-    return s * per_thread + prefetch * per_thread * elem_bytes // 2
+def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int, stages: int = 1) -> int:
+    """Registers for S running sums per element and ``stages`` groups of ``prefetch`` rows of dy
+    and x (two tensors of ``elem_bytes`` per element: a bf16 pair is one register, an fp32 pair
+    two)."""
+    return s * per_thread + stages * prefetch * per_thread * elem_bytes // 2
 
 
 def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
@@ -113,10 +119,11 @@ def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
 
 
 def fused_cuda_variants(key: NormKey) -> list:
-    """(threads, vec, prefetch) triples of the fused dx kernel: the two widest vector widths,
+    """(threads, vec, prefetch, stages) of the fused dx kernel: the two widest vector widths,
     thread counts that give every thread 1 to 4 vectors of the row (and a block of them within
-    1024 threads), and rows loaded per group such that the sums and the rows fit the register
-    limit (prefetch dividing every chunk size the tuner applies the space to, CUDA_CHUNK_ROWS)."""
+    1024 threads), rows loaded per group and groups in flight such that the sums and the rows
+    fit the register limit (prefetch dividing every chunk size the tuner applies the space to,
+    CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages`` groups)."""
     s = 2 if key.norm == "layernorm" else 1
     h = key.hidden_size
     size = DTYPE_BYTES[key.itype]
@@ -127,12 +134,15 @@ def fused_cuda_variants(key: NormKey) -> list:
             if not (1 <= vectors <= 4 and threads * vec <= max(h, 4 * vec)):
                 continue
             for prefetch in PREFETCH:
-                regs = fused_registers(s, vectors * vec, prefetch, size)
-                divides = all(t % prefetch == 0 for t in CUDA_CHUNK_ROWS)
-                if divides and (regs <= fused_register_limit(threads) or prefetch == 1):
-                    out.append((threads, vec, prefetch))
-    # very wide rows (65536) have no triple within the limit: the widest one, spilling if it must
-    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1)]
+                if any(t % prefetch for t in CUDA_CHUNK_ROWS):
+                    continue
+                for stages in STAGES:
+                    regs = fused_registers(s, vectors * vec, prefetch, size, stages)
+                    fits = regs <= fused_register_limit(threads) or (prefetch, stages) == (1, 1)
+                    if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
+                        out.append((threads, vec, prefetch, stages))
+    # very wide rows (65536) have no variant within the limit: the widest one, spilling if it must
+    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1)]
 
 
 def llvm_choices(key: NormKey) -> dict:
@@ -184,7 +194,7 @@ def space_size(key: NormKey, kind: str) -> int:
             n *= len(values)
         return n
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_rows(threads)) for threads, _, _ in fused_cuda_variants(key))
+        return sum(len(fused_rows(variant[0])) for variant in fused_cuda_variants(key))
     return len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
 
 
