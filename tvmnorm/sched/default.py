@@ -79,18 +79,27 @@ def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
     return CpuRowConfig(vec=vec, acc=acc, unroll=unroll, rows=rows)
 
 
-FINALIZE_COLUMNS = 32   # threadIdx.x: one warp over 32 consecutive columns, 128-byte loads
-FINALIZE_LANES = 16     # threadIdx.y: lanes that split the partials of a column
+def finalize_split(hidden: int) -> tuple:
+    """(columns per block, threadIdx.y lanes) of finalize: enough blocks to spread the partial
+    rows over the SMs, and the lanes that fill a block. Measured on the H200 (bf16, 16384
+    tokens, 512-1024 partials; bench/results/h200-bwd-parts-2.log), against the earlier 32 x 16
+    everywhere: 8 x 128 took 7.7-13.9 us instead of 13.7-25.2 at hidden 512-1024, 8 x 64
+    10.0-13.5 instead of 14.8-17.9 at 2048, 16 x 32 10.5-18.2 instead of 11.3-19.3 at 4096, and
+    32 x 16 stayed the fastest at 7168-8192 (12.5-13.4 us, others 13.6-21.1)."""
+    columns = 8 if hidden <= 2048 else 16 if hidden <= 4096 else 32
+    threads = 1024 if hidden <= 1024 else 512
+    return columns, threads // columns
 
 
-def _cuda_finalize(func, columns: int = FINALIZE_COLUMNS, lanes: int = FINALIZE_LANES):
-    """dgamma[j] = sum over the partials: a block per 32 columns, the partial axis split over
-    16 threadIdx.y lanes (each sums every 16th partial serially, coalesced over the columns),
-    then a cross-lane tree reduction in shared memory. Thousands of partials (QK-norm: 524288
-    rows of 128 in chunks of 64 give 8192) are summed by 512 threads per 32 columns, not one
-    serial thread per column. The order is fixed by the shape alone: deterministic.
-    ``columns`` and ``lanes`` are there for bench/bwd_parts.py, which times other splits on the
-    GPU (at 512 partials this kernel took 10-25 us on the H200, 4-32 blocks below hidden 1024)."""
+def _cuda_finalize(func, columns: int | None = None, lanes: int | None = None):
+    """dgamma[j] = sum over the partials: a block per ``columns`` columns, the partial axis split
+    over ``lanes`` threadIdx.y lanes (each sums every lanes-th partial serially, coalesced over
+    the columns), then a cross-lane tree reduction in shared memory. Thousands of partials
+    (QK-norm: 524288 rows of 128 in chunks of 64 give 8192) are summed by hundreds of threads
+    per block, not one serial thread per column. The order is fixed by the shape alone:
+    deterministic. The split is finalize_split's unless given (bench/bwd_parts.py times others)."""
+    default = finalize_split(int(func.params[-1].shape[-1]))
+    columns, lanes = columns or default[0], lanes or default[1]
     sch = Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     for acc, out in zip(blocks[0::2], blocks[1::2]):  # (dgamma_acc, dgamma), (dbeta_acc, dbeta)

@@ -278,7 +278,9 @@ def _cuda_pipeline(sch, group, stages: int):
     versions of the row registers, indexed by the group's number modulo `stages`; the group loop
     is unrolled so those indices are constants (registers, not local memory), which also makes
     the prologue and epilogue straight-line code. The group loop's body is the loads of dy and x
-    (_cuda_row_registers put them first) and then the loop over the group's rows."""
+    (_cuda_row_registers put them first) and then the loop over the group's rows. Measured
+    slower than no pipeline on the H200 (space.STAGES says why), so the tuned space leaves it
+    out; bench/bwd_parts.py --stages times it."""
     body = sch.get(group).body
     children = len(body.seq) if hasattr(body, "seq") else 1
     loads = len(ROW_OPERANDS)
