@@ -7,9 +7,9 @@ before each call) at the catalog's training rows, against the copy ceiling of th
 Writes bwd-parts.json. It decides runtime.COMBINE_ABOVE: at how many partials the two stages
 beat finalize alone. With --finalize 32x16,8x64,... it also times finalize split other ways
 (columns per block x threadIdx.y lanes, sched.default._cuda_finalize), each checked against the
-default's dgamma, to choose that split by measurement. With --stages 2,3 it also times the key's
-dx kernel (its tuned record from schedules/, or the default) software-pipelined over that many
-groups of rows (sched.rows._cuda_pipeline), each checked against the library's dx and partials.
+default's dgamma, to choose that split by measurement. With --stages 2x1,1x2 it also times the
+default rule's dx with other rows per group x groups in flight (sched.rows._cuda_pipeline), each
+checked against the library's dx and partials (run it with a library of default schedules).
 """
 from __future__ import annotations
 
@@ -46,23 +46,24 @@ def finalize_variant(key, columns: int, lanes: int):
                          "cuda").mod["f"]
 
 
-def pipelined_dx(key, stages: int, tuned: bool = True):
-    """The key's dx kernel as the library schedules it (its committed record, or the default;
-    only the default without ``tuned``), with its walk over each chunk's rows pipelined over
-    ``stages`` groups, compiled on its own."""
-    from tvmnorm._tvm import Schedule
-    from tvmnorm.build import compile_funcs, scheduled_funcs
-    from tvmnorm.sched.rows import _cuda_pipeline
-    from tvmnorm.tune import load_records
-    funcs = scheduled_funcs(key, "cuda", load_records("cuda").get(key.pack()) if tuned else None)
-    name = next(n for n in funcs if n.endswith("_dx"))
-    sch = Schedule(funcs[name].with_attr("global_symbol", "main"))
-    _cuda_pipeline(sch, sch.get_loops(sch.get_sblock("dy_local"))[2], stages)
-    func = sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)
-    return compile_funcs({"f": func}, "cuda").mod["f"]
+def dx_variant(key, prefetch: int, stages: int):
+    """The key's dx kernel under the default rule's threads, vec and lanes, with ``prefetch``
+    rows loaded per group and ``stages`` groups in flight (sched.rows._cuda_pipeline), compiled
+    on its own."""
+    import dataclasses
+    from tvmnorm.build import compile_funcs
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.sched.default import fused_cuda_heuristic
+    from tvmnorm.sched.rows import schedule_rows_cuda
+    func = kernel_funcs(key, "cuda")["dx"].with_attr("global_symbol", "main")
+    cfg = fused_cuda_heuristic(func, key.hidden_size, 2)
+    cfg = dataclasses.replace(cfg, prefetch=prefetch, stages=stages)
+    func = schedule_rows_cuda(func, cfg).mod["main"]
+    return compile_funcs({"f": func.with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
+                         "cuda").mod["f"], cfg
 
 
-def measure(norm: str, h: int, ceiling: float, variants=(), stages=(), tuned: bool = True) -> dict:
+def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     rows = train_rows(h)
@@ -94,15 +95,16 @@ def measure(norm: str, h: int, ceiling: float, variants=(), stages=(), tuned: bo
         err = max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
         r["finalize_variants"][f"{columns}x{lanes}"] = {"us": us(lambda: fin(part, *got)), "rel_err": err}
     r["dx_stages"] = {}
-    if stages:
+    if stages:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
         want = [dx.float(), part.clone()]
-    for n in stages:
-        fdx = pipelined_dx(key, n, tuned)
+    for prefetch, n in stages:
+        fdx, cfg = dx_variant(key, prefetch, n)
         got = [torch.full_like(dx, float("nan")), torch.full_like(part, float("nan"))]
         fdx(dy, x, *stats, gamma, *got)
         err = max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
-        r["dx_stages"][str(n)] = {"us": us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": err}
+        r["dx_stages"][f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{prefetch}s{n}"] = {
+            "us": us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": err}
     return r
 
 
@@ -112,18 +114,17 @@ def main():
     ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
     ap.add_argument("--norms", default="rmsnorm,layernorm")
     ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES, e.g. 8x64,16x32")
-    ap.add_argument("--stages", default="", help="pipeline depths to time the dx kernel at, e.g. 2,3")
-    ap.add_argument("--no-tuned", action="store_true",
-                    help="pipeline the default dx, not the committed record (pair with a --no-tuned library)")
+    ap.add_argument("--stages", default="", help="the default dx with PREFETCHxSTAGES rows per group and groups "
+                    "in flight, e.g. 2x1,1x2,2x2 (run with a --no-tuned library: checked against its dx)")
     args = ap.parse_args()
     variants = [tuple(int(v) for v in c.split("x")) for c in args.finalize.split(",") if c]
-    stages = [int(v) for v in args.stages.split(",") if v]
+    stages = [tuple(int(v) for v in c.split("x")) for c in args.stages.split(",") if c]
     ceiling = copy_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            r = measure(norm, h, ceiling, variants, stages, not args.no_tuned)
+            r = measure(norm, h, ceiling, variants, stages)
             out.append(r)
             print(f"{norm:9s} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "

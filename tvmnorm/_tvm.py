@@ -50,6 +50,60 @@ def target(spec: dict) -> "tvm.target.Target":
 PASS_CONFIG = {"tirx.disable_storage_rewrite": True}
 
 
+# A loop annotated with UNROLL_BY = k is unrolled k times (a rolled loop over k copies of its
+# body, then the leftover iterations) just before TVM's UnrollLoop. TVM has no partial unroll, and
+# the software-pipelined row walk of the fused dx kernel needs one: InjectSoftwarePipeline indexes
+# the row registers' copies by the iteration modulo the stage count, which is a constant in each
+# copy once the loop is unrolled by that count, while a fully unrolled walk let ptxas hoist every
+# later row's loads (registers, spills: see sched/space.py STAGES).
+UNROLL_BY = "tvmnorm.unroll_by"
+
+
+def _substitute(stmt, var, value):
+    return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: value if v.same_as(var) else v)])
+
+
+def _unroll_by(loop):
+    k = int(loop.annotations[UNROLL_BY])
+    n, start, var = int(loop.extent), loop.min, loop.loop_var
+    dt = str(var.ty)
+    annotations = {a: v for a, v in loop.annotations.items() if a != UNROLL_BY}
+    outer = tirx.Var(f"{var.name}_o", dt)
+    step = tirx.const(k, dt)
+    stmts = []
+    if n // k:
+        body = tirx.SeqStmt([_substitute(loop.body, var, start + outer * step + tirx.const(j, dt)) for j in range(k)])
+        stmts.append(tirx.For(outer, tirx.const(0, dt), tirx.const(n // k, dt), loop.kind, body,
+                              annotations=annotations))
+    stmts += [_substitute(loop.body, var, start + tirx.const(n // k * k + j, dt)) for j in range(n % k)]
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.UnrollBy")
+def _unroll_annotated(func, _mod, _ctx):
+    def unroll(loop):
+        return _unroll_by(loop) if UNROLL_BY in loop.annotations else loop
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, unroll)]))
+
+
+def _install_unroll_by():
+    """Run _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks
+    the pass up on tirx.transform at each build). It changes only loops that carry UNROLL_BY."""
+    original = tirx.transform.UnrollLoop
+    if getattr(original, "tvmnorm_wrapped", False):
+        return
+
+    def unroll_loop():
+        # the copies re-declare the body's buffers: ConvertSSA gives each copy its own
+        return tvm.transform.Sequential([_unroll_annotated, tirx.transform.ConvertSSA(), original()],
+                                        name="tvmnorm.UnrollLoop")
+    unroll_loop.tvmnorm_wrapped = True
+    tirx.transform.UnrollLoop = unroll_loop
+
+
+_install_unroll_by()
+
+
 def compile_module(mod, tgt):
     with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return tvm.compile(mod, target=tgt)

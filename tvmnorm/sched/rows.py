@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import Schedule, tirx
+from .._tvm import UNROLL_BY, Schedule, tirx
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 
 PART_BLOCK = "part"
@@ -288,7 +288,7 @@ def _cuda_pipeline(sch, group, stages: int):
         raise ValueError(f"expected the row loads and the row loop under the group loop, got {children} statements")
     sch.annotate(group, "software_pipeline_stage", [0] * loads + [stages - 1])
     sch.annotate(group, "software_pipeline_order", list(range(children)))
-    sch.unroll(group)
+    sch.annotate(group, UNROLL_BY, stages)
 
 
 def _cuda_partials(sch, lane, cfg: CudaRowConfig):
