@@ -276,11 +276,11 @@ def _cuda_pipeline(sch, group, stages: int):
     was in flight while the row's allreduce barriers ran, about half of what copy bandwidth
     needs (layernorm bwd at 0.48 of the copy ceiling). InjectSoftwarePipeline makes `stages`
     versions of the row registers, indexed by the group's number modulo `stages`; the group loop
-    is unrolled so those indices are constants (registers, not local memory), which also makes
-    the prologue and epilogue straight-line code. The group loop's body is the loads of dy and x
-    (_cuda_row_registers put them first) and then the loop over the group's rows. Measured
-    slower than no pipeline on the H200 (space.STAGES says why), so the tuned space leaves it
-    out; bench/bwd_parts.py --stages times it."""
+    is unrolled ``stages`` times (_tvm.UNROLL_BY) so those indices are constants (registers, not
+    local memory). Unrolled whole, the walk let ptxas hoist every later row's loads: registers
+    grew or spilled and the kernel ran 1.0-5.2x slower (bench/results/h200-bwd-parts-2.log).
+    The group loop's body is the loads of dy and x (_cuda_row_registers put them first) and then
+    the loop over the group's rows."""
     body = sch.get(group).body
     children = len(body.seq) if hasattr(body, "seq") else 1
     loads = len(ROW_OPERANDS)

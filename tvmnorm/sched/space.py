@@ -29,8 +29,8 @@ The bwd row kernel ``dx`` has the same knobs. It also writes the dgamma/dbeta pa
 row schedule splits its rows into chunks of the key's static T (``rows_per_partial``), so
 ``rows`` counts chunks per task (llvm) or per block (cuda) there. On CUDA each thread keeps its
 columns' running sums and ``stages`` groups of ``prefetch`` rows of dy and x in registers, whose
-layout depends on threads, vec and prefetch (``stages`` > 1, the next groups loading while one
-computes, is measured out: see STAGES): there each (threads, vec, prefetch, stages) is its own
+layout depends on threads, vec and prefetch, and the next groups load while one computes
+(``stages`` > 1, a software pipeline): there each (threads, vec, prefetch, stages) is its own
 design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block
 is sampled within it.
 """
@@ -100,14 +100,15 @@ def fused_rows(threads: int) -> list:
 # rows (``fused_registers``); nvcc needs the rest for addresses and the math.
 FUSED_REGISTERS = 128
 PREFETCH = (1, 2, 4, 8)
-# Groups of rows in flight per chunk lane (rows._cuda_pipeline). Only 1 (load a group, then
-# compute it): pipelined over 2 and 3 groups, with the walk over the chunk unrolled (the row
-# copies need constant indices), the committed records' and the default's dx ran 1.0-5.2x slower
-# on the H200 at every hidden size tried (bench/results/h200-bwd-parts-2.log): unrolled, ptxas
-# hoists later rows' loads too, so registers grew (rmsnorm 128: 64 -> 76, layernorm 2048:
-# 128 -> 168) or spilled (rmsnorm 8192). A pipeline over a rolled loop unrolled by `stages` only
-# would need a TIR pass after InjectSoftwarePipeline.
-STAGES = (1,)
+# Groups of rows in flight per chunk lane (rows._cuda_pipeline): 1 loads a group, then computes
+# it; 2 and 3 load the next groups while one computes. On the H200 (bench/results/
+# h200-bwd-stages.log, the default's threads at 16384 tokens) a pipeline of 1-2 rows a group beat
+# every unpipelined prefetch at layernorm 128, 512, 4096 and 8192 (by 0-8%) and rmsnorm 1024 and
+# 4096 (2-4%), and lost where the rows' registers crowded the sums (layernorm 2048-7168 with 2
+# rows a group: 1.1-1.3x slower); so only groups of 1-2 rows are pipelined, and the register
+# limit counts every group in flight.
+STAGES = (1, 2, 3)
+PIPELINED_PREFETCH = (1, 2)
 
 
 def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int, stages: int = 1) -> int:
@@ -142,7 +143,7 @@ def fused_cuda_variants(key: NormKey) -> list:
             for prefetch in PREFETCH:
                 if any(t % prefetch for t in CUDA_CHUNK_ROWS):
                     continue
-                for stages in STAGES:
+                for stages in STAGES if prefetch in PIPELINED_PREFETCH else (1,):
                     regs = fused_registers(s, vectors * vec, prefetch, size, stages)
                     fits = regs <= fused_register_limit(threads) or (prefetch, stages) == (1, 1)
                     if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
