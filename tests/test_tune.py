@@ -97,6 +97,10 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     manifest = json.loads((tmp_path / "lib" / "manifest.json").read_text())
     assert {k["key"]: k["record"] for k in manifest["kernels"]} == {
         k: record_fingerprint(r) for k, r in recs.items()}
+    # and a benchmark of the library says which record each key ran (tune accept --previous)
+    from tvmnorm.bench import Context
+    ran = Context("llvm", str(tmp_path / "lib")).library_info()["records"]
+    assert ran == {str(k): record_fingerprint(r) for k, r in recs.items()}
     reg = Registry()
     reg.set_library("llvm", tmp_path / "lib")
     for key in (fwd, bwd):
@@ -393,9 +397,9 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     # a benchmark counts only for the records its library ran (the manifest's fingerprint): one
     # of a library that ran another 1024 record says nothing about the committed one
     from tvmnorm.build import record_fingerprint
-    other = {**previous[0], "meta": {"library": {"kernels": [
-        {"key": keys[1024].pack(), "record": record_fingerprint({"parts": "another"})},
-        {"key": keys[2048].pack(), "record": record_fingerprint(committed[keys[2048].pack()])}]}}}
+    other = {**previous[0], "meta": {"library": {"kernels": 2, "records": {
+        str(keys[1024].pack()): record_fingerprint({"parts": "another"}),
+        str(keys[2048].pack()): record_fingerprint(committed[keys[2048].pack()])}}}}
     kept, dropped = accept_records(retuned, bench, accepted=committed, previous=[other])
     assert kept[keys[1024].pack()]["parts"] == "new" and keys[1024].pack() not in dropped
     slow = {"records": [rec(2048, "tvmnorm_tuned", 19.0)], "meta": other["meta"]}

@@ -722,6 +722,8 @@ class Context:
                                                 "tvmnorm_source_hash", "sha256")})
             info["kernels"] = len(lib.kernels)
             info["tuned_kernels"] = sum(1 for e in lib.kernels.values() if e.get("origin") == "tuned")
+            # which record each key ran (tune accept --previous counts a measurement only for it)
+            info["records"] = {str(k): e.get("record") for k, e in lib.kernels.items()}
         return info
 
     def default_registry(self):

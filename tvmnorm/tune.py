@@ -515,15 +515,14 @@ def _bench_runs(bench: dict) -> dict:
 def _previous_runs(previous, accepted) -> dict:
     """(packed key, rows) -> impl -> record from benchmarks of earlier libraries (a later file's
     measurement of a case wins), where a key's measurements count only if that library ran the
-    ``accepted`` record (the fingerprint its manifest keeps; a manifest from before fingerprints
-    cannot say, and counts)."""
+    ``accepted`` record (the fingerprint its manifest keeps, which the benchmark copies into
+    meta.library.records; a benchmark from before that cannot say, and counts)."""
     from .build import record_fingerprint
     out = {}
     for bench in previous or []:
-        kernels = {k["key"]: k for k in ((bench.get("meta") or {}).get("library") or {}).get("kernels") or []}
+        ran = ((bench.get("meta") or {}).get("library") or {}).get("records") or {}
         for (packed, rows), impls in _bench_runs(bench).items():
-            entry = kernels.get(packed, {})
-            if "record" in entry and entry["record"] != record_fingerprint((accepted or {}).get(packed)):
+            if str(packed) in ran and ran[str(packed)] != record_fingerprint((accepted or {}).get(packed)):
                 continue  # that library ran another record of this key
             out.setdefault((packed, rows), {}).update(impls)
     return out
