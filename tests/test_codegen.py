@@ -149,8 +149,7 @@ def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
 def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidden, threads, prefetch, stages):
     """The pipelined dx (sched.rows._cuda_pipeline): `stages` copies of the group's row
     registers, indexed by constants only (the walk is unrolled by `stages`), and the loads
-    of the first `stages` groups issued before the first row's allreduce barrier; after it, each
-    group's compute is preceded by the loads of the group `stages` - 1 ahead."""
+    of the first `stages` groups issued before the first row's allreduce barrier."""
     from tvmnorm.build import compile_funcs, scheduled_funcs
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda

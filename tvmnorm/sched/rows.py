@@ -271,10 +271,10 @@ def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
 
 def _cuda_pipeline(sch, group, stages: int):
     """Software-pipeline the walk over a chunk's groups of rows: the loads of group g + stages - 1
-    are issued before group g is computed, into another copy of the row registers. Without it a
-    lane's loads and its compute alternate: at hidden 8192 one row of dy and x (32 KB) per SM
-    was in flight while the row's allreduce barriers ran, about half of what copy bandwidth
-    needs (layernorm bwd at 0.48 of the copy ceiling). InjectSoftwarePipeline makes `stages`
+    are issued before group g is computed, into another copy of the row registers, so a lane's
+    loads overlap its row reductions and their barriers instead of alternating with them (on the
+    H200 that gained 1-9% at some sizes and lost at others: space.STAGES). InjectSoftwarePipeline
+    makes `stages`
     versions of the row registers, indexed by the group's number modulo `stages`; the group loop
     is unrolled ``stages`` times (_tvm.UNROLL_BY) so those indices are constants (registers, not
     local memory). Unrolled whole, the walk let ptxas hoist every later row's loads: registers

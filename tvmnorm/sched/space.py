@@ -103,9 +103,9 @@ PREFETCH = (1, 2, 4, 8)
 # Groups of rows in flight per chunk lane (rows._cuda_pipeline): 1 loads a group, then computes
 # it; 2 and 3 load the next groups while one computes. On the H200 (bench/results/
 # h200-bwd-stages.log, the default's threads at 16384 tokens) a pipeline of 1-2 rows a group beat
-# every unpipelined prefetch at layernorm 128, 512, 4096 and 8192 (by 0-8%) and rmsnorm 1024 and
-# 4096 (2-4%), and lost where the rows' registers crowded the sums (layernorm 2048-7168 with 2
-# rows a group: 1.1-1.3x slower); so only groups of 1-2 rows are pipelined, and the register
+# every unpipelined prefetch at layernorm 128, 512, 4096 and 8192 (by 0.5-9%) and rmsnorm 1024
+# and 4096 (2%), and lost where the rows' registers crowded the sums (layernorm 2048-7168 with 2
+# rows a group: 1.05-1.3x slower); so only groups of 1-2 rows are pipelined, and the register
 # limit counts every group in flight.
 STAGES = (1, 2, 3)
 PIPELINED_PREFETCH = (1, 2)
