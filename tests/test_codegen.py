@@ -79,8 +79,8 @@ def test_cuda_bwd_keeps_the_partial_sums_in_registers(key):
 
 
 def test_finalize_splits_the_partials_over_lanes():
-    """Many partials (QK-norm: 8192 at 524288 rows of 128) are summed by 16 threadIdx.y lanes per
-    column and a fixed-order tree, not one serial thread per column."""
+    """Many partials (QK-norm: 8192 at 524288 rows of 128) are summed by many threadIdx.y lanes
+    per column (finalize_split) and a fixed-order tree, not one serial thread per column."""
     body = kernel(cuda_source(NormKey(stage="bwd", hidden_size=128)), "finalize")
     assert "threadIdx.y" in body and "red_buf" in body and "__syncthreads" in body
     assert "atomic" not in body

@@ -337,11 +337,12 @@ def finalize(key: NormKey, name="finalize", partials=None):
     return _func([part] + outs, name)
 
 
-# Partials summed per group by ``combine``. finalize alone parallelises over columns only (a
-# block per 32 of them): at hidden 128 that is 4 blocks, and summing 16384 partials took ~120 us
-# of rmsnorm bwd's 231 us on the H200 (524288 rows; bench/results/h200-cold-tune-bwd.json).
-# combine runs ceil(q / 64) groups x column tiles in parallel, each thread with its 64 loads
-# unrolled (the group is a constant).
+# Partials summed per group by ``combine``. finalize alone parallelises over columns only: at
+# hidden 128 a block per 32 of them made 4 blocks, and summing 16384 partials took ~120 us of
+# rmsnorm bwd's 231 us on the H200 (524288 rows; bench/results/h200-cold-tune-bwd.json); with
+# blocks of 8 columns (sched.default.finalize_split) it still took 24 us against 10 + 7 for
+# combine, then finalize (bench/results/h200-bwd-parts-2.log). combine runs ceil(q / 64) groups x
+# column tiles in parallel, each thread with its 64 loads unrolled (the group is a constant).
 COMBINE_GROUP = 64
 
 
