@@ -197,3 +197,15 @@ def test_unroll_by_unrolls_a_loop_that_many_times_with_a_tail():
     script = _unroll_annotated(sch.mod).script()
     assert re.search(r"for i_o in range\(2\)", script), script
     assert script.count('T.sblock("b")') == 4, script  # 3 copies in the loop, 1 after it
+
+
+@pytest.mark.parametrize("norm,hidden,prefetch", [("rmsnorm", 4096, 4), ("rmsnorm", 5120, 1), ("rmsnorm", 8192, 1),
+                                                  ("layernorm", 8192, 2), ("rmsnorm", 128, 2)])
+def test_default_dx_rows_per_group(norm, hidden, prefetch):
+    """The default dx loads as many rows at once as leave its blocks room: RMSNorm with blocks of
+    512 threads (hidden above 4096) one row, so two blocks fit an SM (measured faster on the
+    H200), narrower RMSNorm rows 4, LayerNorm (two sums per element) 2, 8-row blocks 2."""
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.sched.default import fused_cuda_heuristic
+    func = kernel_funcs(NormKey(norm=norm, stage="bwd", hidden_size=hidden), "cuda")["dx"]
+    assert fused_cuda_heuristic(func, hidden, 2).prefetch == prefetch
