@@ -51,16 +51,18 @@ def dx_variant(key, prefetch: int, stages: int):
     rows loaded per group and ``stages`` groups in flight (sched.rows._cuda_pipeline), compiled
     on its own."""
     import dataclasses
-    from tvmnorm.build import compile_funcs
+    from tvmnorm.build import compile_funcs, scheduled_funcs
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
-    from tvmnorm.sched.rows import schedule_rows_cuda
-    func = kernel_funcs(key, "cuda")["dx"].with_attr("global_symbol", "main")
-    cfg = fused_cuda_heuristic(func, key.hidden_size, 2)
+    cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
     cfg = dataclasses.replace(cfg, prefetch=prefetch, stages=stages)
-    func = schedule_rows_cuda(func, cfg).mod["main"]
-    return compile_funcs({"f": func.with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
-                         "cuda").mod["f"], cfg
+    name = f"{key.name}_dx"
+    return compile_funcs({name: scheduled_funcs(key, "cuda", dx_config=cfg)[name]}, "cuda").mod[name], cfg
+
+
+def rel_err(got, want) -> float:
+    """The largest |got - want| over the largest |want|, across the outputs."""
+    return max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
 
 
 def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
@@ -92,8 +94,7 @@ def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
         fin = finalize_variant(key, columns, lanes)
         got = [torch.full_like(g, float("nan")) for g in grads]
         fin(part, *got)
-        err = max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
-        r["finalize_variants"][f"{columns}x{lanes}"] = {"us": us(lambda: fin(part, *got)), "rel_err": err}
+        r["finalize_variants"][f"{columns}x{lanes}"] = {"us": us(lambda: fin(part, *got)), "rel_err": rel_err(got, want)}
     r["dx_stages"] = {}
     if stages:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
@@ -102,9 +103,8 @@ def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
         fdx, cfg = dx_variant(key, prefetch, n)
         got = [torch.full_like(dx, float("nan")), torch.full_like(part, float("nan"))]
         fdx(dy, x, *stats, gamma, *got)
-        err = max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
         r["dx_stages"][f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{prefetch}s{n}"] = {
-            "us": us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": err}
+            "us": us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
     return r
 
 

@@ -150,17 +150,11 @@ def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidde
     """The pipelined dx (sched.rows._cuda_pipeline): `stages` copies of the group's row
     registers, indexed by constants only (the walk is unrolled by `stages`), and the loads
     of the first `stages` groups issued before the first row's allreduce barrier."""
-    from tvmnorm.build import compile_funcs, scheduled_funcs
-    from tvmnorm.compute import kernel_funcs
-    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+    from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
     vec = 8
-    dx = kernel_funcs(key, "cuda")["dx"]
-    name = dx.attrs["global_symbol"]
     cfg = CudaRowConfig(threads=threads, rows=1, vec=vec, prefetch=prefetch, stages=stages)
-    funcs = scheduled_funcs(key, "cuda")
-    funcs[name] = (schedule_rows_cuda(dx.with_attr("global_symbol", "main"), cfg).mod["main"]
-                   .with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True))
+    funcs = scheduled_funcs(key, "cuda", dx_config=cfg)
     body = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "dx")
     vectors = -(-hidden // (threads * vec))
     for buf in ("dy_local_ptr", "x_local_ptr"):

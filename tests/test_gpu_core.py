@@ -161,15 +161,9 @@ def _dx_variant_kernel(key: NormKey, cfg):
     """The key's kernels with its dx scheduled by ``cfg`` (a point of the tuned space) instead of
     the default rule, compiled with NVRTC."""
     from tvmnorm.build import compile_funcs, scheduled_funcs
-    from tvmnorm.compute import kernel_funcs
     from tvmnorm.runtime import _kernel_from_module
-    from tvmnorm.sched.rows import schedule_rows_cuda
-    funcs = scheduled_funcs(key, "cuda")
-    dx = kernel_funcs(key, "cuda")["dx"]
-    name = dx.attrs["global_symbol"]
-    sch = schedule_rows_cuda(dx.with_attr("global_symbol", "main"), cfg)
-    funcs[name] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
-    return _kernel_from_module(key, "cuda", compile_funcs(funcs, "cuda").mod, key.name, False, "variant", 32)
+    mod = compile_funcs(scheduled_funcs(key, "cuda", dx_config=cfg), "cuda").mod
+    return _kernel_from_module(key, "cuda", mod, key.name, False, "variant", 32)
 
 
 @pytest.mark.parametrize("rows", (31, 4097))
