@@ -6,7 +6,7 @@ before each call) at the catalog's training rows, against the copy ceiling of th
 
 Writes bwd-parts.json. It decides runtime.COMBINE_ABOVE: at how many partials the two stages
 beat finalize alone. With --finalize 32x16,8x64,... it also times finalize split other ways
-(columns per block x threadIdx.y lanes, sched.default._cuda_finalize), each checked against the
+(columns per block x threadIdx.y lanes [x partial rows in flight per lane], sched.default._cuda_finalize), each checked against the
 default's dgamma, to choose that split by measurement. With --stages 2x1,1x2 it also times the
 default rule's dx with other rows per group x groups in flight (sched.rows._cuda_pipeline), each
 checked against the library's dx and partials (run it with a library of default schedules).
@@ -23,6 +23,7 @@ import triton.testing
 from tvmnorm import NormKey
 from tvmnorm.compute.norms import combined_partials
 from tvmnorm.runtime import REGISTRY, partials
+from tvmnorm.sched.default import FINALIZE_UNROLL
 from tvmnorm.shapes import hidden_sizes, train_rows
 
 
@@ -36,12 +37,12 @@ def copy_gbps():
     return 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
 
 
-def finalize_variant(key, columns: int, lanes: int):
-    """The key's finalize kernel with another split, compiled on its own."""
+def finalize_variant(key, columns: int, lanes: int, unroll: int):
+    """The key's finalize kernel with another split and unroll, compiled on its own."""
     from tvmnorm.build import compile_funcs
     from tvmnorm.compute.norms import finalize
     from tvmnorm.sched.default import _cuda_finalize
-    sch = _cuda_finalize(finalize(key, "f"), columns, lanes)
+    sch = _cuda_finalize(finalize(key, "cuda", "f"), columns, lanes, unroll)
     return compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
                          "cuda").mod["f"]
 
@@ -90,11 +91,11 @@ def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
     f["finalize"](part, *grads)
     want = [g.float() for g in grads]
     r["finalize_variants"] = {}
-    for columns, lanes in variants:
-        fin = finalize_variant(key, columns, lanes)
+    for columns, lanes, unroll in variants:
+        fin = finalize_variant(key, columns, lanes, unroll)
         got = [torch.full_like(g, float("nan")) for g in grads]
         fin(part, *got)
-        r["finalize_variants"][f"{columns}x{lanes}"] = {"us": us(lambda: fin(part, *got)), "rel_err": rel_err(got, want)}
+        r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": us(lambda: fin(part, *got)), "rel_err": rel_err(got, want)}
     r["dx_stages"] = {}
     if stages:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
@@ -113,11 +114,12 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
     ap.add_argument("--norms", default="rmsnorm,layernorm")
-    ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES, e.g. 8x64,16x32")
+    ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], e.g. 8x64,16x32x8 "
+                    "(unroll: sched.default.FINALIZE_UNROLL unless given)")
     ap.add_argument("--stages", default="", help="the default dx with PREFETCHxSTAGES rows per group and groups "
                     "in flight, e.g. 2x1,1x2,2x2 (run with a --no-tuned library: checked against its dx)")
     args = ap.parse_args()
-    variants = [tuple(int(v) for v in c.split("x")) for c in args.finalize.split(",") if c]
+    variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
     stages = [tuple(int(v) for v in c.split("x")) for c in args.stages.split(",") if c]
     ceiling = copy_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)

@@ -88,19 +88,25 @@ def test_finalize_splits_the_partials_over_lanes():
     assert re.search(r"threadIdx\.y\) < \(int64_t\)1\)+ \{\s*dgamma_ptr\[", body)
 
 
-@pytest.mark.parametrize("columns,lanes", [(32, 16), (16, 32), (8, 64), (8, 128)])
-def test_finalize_split_variants_compile(columns, lanes):
-    """bench/bwd_parts.py times finalize split other ways on the GPU: each split compiles to a
-    block of columns x lanes threads with the partials reduced across its lanes, no atomics."""
+@pytest.mark.parametrize("columns,lanes,unroll", [(32, 16, 4), (16, 32, 1), (8, 64, 2), (8, 128, 8)])
+def test_finalize_split_variants_compile(columns, lanes, unroll):
+    """bench/bwd_parts.py times finalize split other ways on the GPU: each split compiles to one
+    block of columns x lanes threads for dgamma and dbeta together, with the partials reduced
+    across its lanes, ``unroll`` guarded loads per step of a lane's walk, and no atomics."""
     from tvmnorm.compute.norms import finalize
     from tvmnorm.sched.default import _cuda_finalize
-    sch = _cuda_finalize(finalize(NormKey(norm="layernorm", stage="bwd", hidden_size=1000), "f"), columns, lanes)
+    func = finalize(NormKey(norm="layernorm", stage="bwd", hidden_size=1000), "cuda", "f")
+    sch = _cuda_finalize(func, columns, lanes, unroll)
     ex = compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
                        "cuda")
     src = ex.mod.imports[0].inspect_source()
     bounds = re.findall(r"__global__ void __launch_bounds__\((\d+)\) \w+\([^)]*\) \{", src)
-    assert bounds == [str(columns * lanes)] * 2  # dgamma, dbeta
+    assert bounds == [str(columns * lanes)]  # one kernel writes dgamma and dbeta
     assert "threadIdx.y" in src and "atomic" not in src
+    walk = src[src.index("for ("):src.index("__syncthreads")]
+    # each step of the walk: `unroll` guarded loads of each of the two partial rows
+    assert len(re.findall(r"\+ part_ptr\[", walk)) == 2 * unroll
+    assert len(re.findall(r"< p\)", walk)) == unroll
 
 
 @pytest.mark.parametrize("hidden,columns,lanes", [(128, 8, 128), (1000, 8, 128), (2048, 8, 64), (4095, 16, 32),

@@ -178,7 +178,7 @@ def partial_sum_costs(funcs, owner, kind: str, builder, runner) -> dict:
         if mid_rows is not None:
             stages.append(("combine", combine(key, "main", partials=count)))
             count = mid_rows
-        stages.append(("finalize", finalize(key, "main", partials=count)))
+        stages.append(("finalize", finalize(key, kind, "main", partials=count)))
         for stage, f in stages:
             items.append((default_schedule(f, stage, kind, DTYPE_BYTES[key.itype]), f))
             whose.append(task)

@@ -321,19 +321,31 @@ def _partial_count(partials):
     return te.var("p", "int64") if partials is None else tirx.const(partials, "int64")
 
 
-def finalize(key: NormKey, name="finalize", partials=None):
+def finalize(key: NormKey, kind: str, name="finalize", partials=None):
     """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype. The partial
-    count p = ceildiv(rows, T) is symbolic; the runtime passes one zero partial for no rows."""
+    count p = ceildiv(rows, T) is symbolic; the runtime passes one zero partial for no rows.
+    On cuda LayerNorm's two sums are one tuple reduction: one kernel reads both partial rows and
+    reduces both sums across its lanes together, where two kernels each paid a launch and a
+    tree of barriers (llvm keeps two blocks: TVM's tuple reductions miscompile there, see dx)."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = _partial_count(partials)
     S = 2 if key.norm == "layernorm" else 1
     part = te.placeholder((S, P, H), c, name="part")
+    wt = TVM_DTYPE[key.wtype]
+    names = ("dgamma", "dbeta")[:S]
+    if S == 2 and kind == "cuda":
+        q = te.reduce_axis((0, P), name="q")
+        pair = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="pair_sum")
+        accs = te.compute((H,), lambda j: pair((part[0, q, j], part[1, q, j]), axis=q), name="wgrad_acc")
+        outs = te.compute((H,), lambda j: tuple(a[j].astype(wt) for a in accs), name="wgrad")
+        return _func([part, *outs], name)
     outs = []
-    for s, nm in zip(range(S), ("dgamma", "dbeta")):
+    for s, nm in zip(range(S), names):
         q = te.reduce_axis((0, P), name="q")
         acc = te.compute((H,), lambda j: te.sum(part[s, q, j], axis=q), name=f"{nm}_acc")
-        outs.append(te.compute((H,), lambda j: acc[j].astype(TVM_DTYPE[key.wtype]), name=nm))
+        outs.append(te.compute((H,), lambda j: acc[j].astype(wt), name=nm))
     return _func([part] + outs, name)
 
 
@@ -373,5 +385,5 @@ def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=Non
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, kind, rows, n), "amax": lambda n: amax(rows, n),
              "dx": lambda n: dx(key, kind, rows, n, chunk_rows), "combine": lambda n: combine(key, n),
-             "finalize": lambda n: finalize(key, n)}
+             "finalize": lambda n: finalize(key, kind, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

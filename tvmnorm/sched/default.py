@@ -94,28 +94,38 @@ def finalize_split(hidden: int) -> tuple:
     return columns, threads // columns
 
 
-def _cuda_finalize(func, columns: int | None = None, lanes: int | None = None):
+# Partial rows each finalize thread loads per step of its walk, unrolled so that they are all in
+# flight together: rolled, a thread had one load in flight and finalize was bound by the
+# latency of its serial walk (bench/results/h200-bwd-parts-3.log).
+FINALIZE_UNROLL = 4
+
+
+def _cuda_finalize(func, columns: int | None = None, lanes: int | None = None, unroll: int = FINALIZE_UNROLL):
     """dgamma[j] = sum over the partials: a block per ``columns`` columns, the partial axis split
-    over ``lanes`` threadIdx.y lanes (each sums every lanes-th partial serially, coalesced over
-    the columns), then a cross-lane tree reduction in shared memory. Thousands of partials
-    (QK-norm: 524288 rows of 128 in chunks of 64 give 8192) are summed by hundreds of threads
-    per block, not one serial thread per column. The order is fixed by the shape alone:
-    deterministic. The split is finalize_split's unless given (bench/bwd_parts.py times others)."""
+    over ``lanes`` threadIdx.y lanes, each summing its share serially in steps of ``unroll``
+    rows (partial q = (step * unroll + u) * lanes + lane), coalesced over the columns, then a
+    cross-lane tree reduction in shared memory. Thousands of partials (QK-norm: 524288 rows of
+    128 in chunks of 64 give 8192) are summed by hundreds of threads per block, not one serial
+    thread per column. The order is fixed by the shape alone: deterministic. The split is
+    finalize_split's unless given (bench/bwd_parts.py times others). One reduction block
+    (LayerNorm's is a tuple of both sums on cuda) and one store block per output group."""
     default = finalize_split(int(func.params[-1].shape[-1]))
     columns, lanes = columns or default[0], lanes or default[1]
     sch = Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    for acc, out in zip(blocks[0::2], blocks[1::2]):  # (dgamma_acc, dgamma), (dbeta_acc, dbeta)
+    for acc, out in zip(blocks[0::2], blocks[1::2]):  # (sums, stores): one pair, or dgamma's and dbeta's
         (j,) = sch.get_loops(out)
         jo, ji = sch.split(j, [None, columns])
         sch.bind(jo, "blockIdx.x")
         sch.bind(ji, "threadIdx.x")
         sch.compute_at(acc, ji)
-        sch.set_scope(acc, 0, "local")
+        for idx in range(len(sch.get(acc).writes)):
+            sch.set_scope(acc, idx, "local")
         (q,) = sch.get_loops(acc)[2:]
-        qo, qy = sch.split(q, [None, lanes])
-        sch.reorder(qy, qo)
+        qo, u, qy = sch.split(q, [None, unroll, lanes])
+        sch.reorder(qy, qo, u)
         sch.bind(qy, "threadIdx.y")  # reduction loop on a thread axis: LowerCrossThreadReduction
+        sch.unroll(u)
         # the cast and store are done by lane 0 only (a unit loop bound to threadIdx.y)
         _, lane = sch.split(sch.add_unit_loop(out), [None, lanes])
         sch.bind(lane, "threadIdx.y")
