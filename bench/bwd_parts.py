@@ -58,7 +58,7 @@ def dx_variant(key, prefetch: int, stages: int):
     cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
     cfg = dataclasses.replace(cfg, prefetch=prefetch, stages=stages)
     name = f"{key.name}_dx"
-    return compile_funcs({name: scheduled_funcs(key, "cuda", dx_config=cfg)[name]}, "cuda").mod[name], cfg
+    return compile_funcs({name: scheduled_funcs(key, "cuda", row_config=cfg)[name]}, "cuda").mod[name], cfg
 
 
 def rel_err(got, want) -> float:

@@ -29,7 +29,7 @@ def test_row_kernel_uses_vector_loads_and_warp_allreduce():
     assert "*(uint4*)(y_ptr" in body, "y is not written with 16-byte stores"
     assert "__shfl_down_sync" in body
     # rsigma is stored by one thread of the row, after the value is in every thread's registers
-    assert re.search(r"threadIdx\.x\) < 1\)\) \{\s*rsigma_ptr\[", body)
+    assert re.search(r"threadIdx\.x\) < (\(int64_t\))?1\)\) \{\s*rsigma_ptr\[", body)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -160,7 +160,7 @@ def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidde
     key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
     vec = 8
     cfg = CudaRowConfig(threads=threads, rows=1, vec=vec, prefetch=prefetch, stages=stages)
-    funcs = scheduled_funcs(key, "cuda", dx_config=cfg)
+    funcs = scheduled_funcs(key, "cuda", row_config=cfg)
     body = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "dx")
     vectors = -(-hidden // (threads * vec))
     for buf in ("dy_local_ptr", "x_local_ptr"):
@@ -173,6 +173,30 @@ def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidde
     # the walk stays a loop, unrolled only `stages` times (each copy then indexes its own row
     # registers by constants): the group loop is the kernel's one loop
     assert re.findall(r"for \(int64_t (\w+) = ", body) == [re.search(r"for \(int64_t (\w+_o) = ", body)[1]]
+
+
+@pytest.mark.parametrize("norm,otype,hidden,threads,vec", [
+    ("rmsnorm", "bf16", 8192, 512, 8), ("layernorm", "bf16", 1000, 32, 8), ("rmsnorm", "fp8e4m3", 128, 16, 8),
+    ("layernorm", "fp8e4m3", 4095, 1024, 1)])
+def test_fwd_kept_row_reads_x_once(norm, otype, hidden, threads, vec):
+    """With keep_row every element of x is loaded once, into registers indexed by constants,
+    and the reductions, the output (and fp8's amax) read it there; without it each stage loads
+    x again."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    vectors = -(-hidden // (threads * vec))
+    bodies = {}
+    for keep in (True, False):
+        cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=keep)
+        funcs = scheduled_funcs(key, "cuda", row_config=cfg)
+        bodies[keep] = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "fwd")
+    loads = lambda body: len(re.findall(r"= \*?(\(\w+\*\))?\(?x_ptr[\[ +]", body))  # noqa: E731
+    assert loads(bodies[True]) == vectors
+    stages = 3 if norm == "layernorm" else 2  # the reductions and y (fp8's amax reads y's registers)
+    assert loads(bodies[False]) >= stages * vectors
+    assert re.search(rf" x_local_ptr\[{vectors * vec}\];", bodies[True])
+    indices = re.findall(r"\bx_local_ptr\[([^\]]*)\]", bodies[True])[1:]
+    assert all(re.fullmatch(r"(\(int64_t\))?\d+", i) for i in indices), indices[:4]
 
 
 def test_unroll_by_unrolls_a_loop_that_many_times_with_a_tail():

@@ -157,12 +157,12 @@ def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, 
     run_and_check(cuda_kernels, key, rows, rng, seed)
 
 
-def _dx_variant_kernel(key: NormKey, cfg):
-    """The key's kernels with its dx scheduled by ``cfg`` (a point of the tuned space) instead of
-    the default rule, compiled with NVRTC."""
+def _row_variant_kernel(key: NormKey, cfg):
+    """The key's kernels with its row kernel (fwd or dx) scheduled by ``cfg`` (a point of the
+    tuned space) instead of the default rule, compiled with NVRTC."""
     from tvmnorm.build import compile_funcs, scheduled_funcs
     from tvmnorm.runtime import _kernel_from_module
-    mod = compile_funcs(scheduled_funcs(key, "cuda", dx_config=cfg), "cuda").mod
+    mod = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg), "cuda").mod
     return _kernel_from_module(key, "cuda", mod, key.name, False, "variant", 32)
 
 
@@ -179,5 +179,21 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
     cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, prefetch=prefetch, stages=stages)
-    kernel = _dx_variant_kernel(key, cfg)
+    kernel = _row_variant_kernel(key, cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (1, 257))
+@pytest.mark.parametrize("norm,dtype,otype,hidden,threads,vec", [
+    ("rmsnorm", "bf16", "bf16", 8192, 1024, 8), ("layernorm", "bf16", "bf16", 7168, 256, 4),
+    ("layernorm", "fp32", "fp32", 1000, 32, 4), ("rmsnorm", "fp16", "fp16", 4095, 512, 1),
+    ("rmsnorm", "bf16", "fp8e4m3", 128, 16, 8), ("layernorm", "bf16", "fp8e4m3", 2048, 64, 8)])
+def test_cuda_fwd_kept_row(norm, dtype, otype, hidden, threads, vec, rows, rng, seed):
+    """The forward that keeps its row of x in registers for every stage (keep_row, a structural
+    variant of the tuned space): right against float64 with a partial last block of rows,
+    column tails (1000 with 4-wide vectors, 4095) and fp8 output with its amax."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="fwd", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
+    kernel = _row_variant_kernel(key, cfg)
     run_and_check(lambda _: kernel, key, rows, rng, seed)

@@ -46,11 +46,11 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, dx_config=None) -> dict:
+def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None) -> dict:
     """part -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
     (its trace replayed on the symbolic-row function) and the default rule otherwise.
-    ``dx_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
-    row kernel of the backward instead (tests and bench/bwd_parts.py time and check such points)."""
+    ``row_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
+    row kernel (fwd, or the backward's dx) instead (tests and bench/bwd_parts.py time and check such points)."""
     from . import compute
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
@@ -59,9 +59,9 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, dx_conf
     chunk_rows = (record or {}).get("rows_per_partial")
     for part, func in compute.kernel_funcs(key, kind, chunk_rows=chunk_rows).items():
         trace = (record or {}).get("parts", {}).get(part)
-        if part == "dx" and dx_config is not None:
+        if part in ("fwd", "dx") and row_config is not None:
             rows_rule = schedule_rows_cuda if kind == "cuda" else schedule_rows_cpu
-            sch = rows_rule(func.with_attr("global_symbol", "main"), dx_config)
+            sch = rows_rule(func.with_attr("global_symbol", "main"), row_config)
         elif trace is not None:
             sch = Schedule(func.with_attr("global_symbol", "main"))
             Trace.apply_json_to_schedule(trace, sch)

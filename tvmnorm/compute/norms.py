@@ -152,14 +152,16 @@ def _store(stat, name):
 
 def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     c, up, gamma = _loaders(key)
-    H = key.hidden_size
     N = _rows(rows)
+    # int64 columns with an int64 row count on cuda, as in dx: keeping the row in registers
+    # (CudaRowConfig.keep_row) transforms a buffer's layout, which refuses mixed index dtypes
+    H = tirx.const(key.hidden_size, "int64") if _wide(N) and kind == "cuda" else key.hidden_size
     eps = te.var("eps", c)
     x = te.placeholder((N, H), TVM_DTYPE[key.itype], name="x")
     w = te.placeholder((H,), TVM_DTYPE[key.wtype], name="gamma")
     g = gamma(w)
     xf = lambda i, j: up(x[i, j])  # noqa: E731
-    inv_h = tirx.const(1.0 / H, c)
+    inv_h = tirx.const(1.0 / key.hidden_size, c)
     if key.norm == "rmsnorm":
         k = te.reduce_axis((0, H), name="k")
         ss = te.compute((N,), lambda i: te.sum(xf(i, k) * xf(i, k), axis=k), name="sumsq")

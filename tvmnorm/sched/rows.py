@@ -39,6 +39,8 @@ class CudaRowConfig:
     prefetch: int = 1         # fused dx only: rows of a chunk loaded into registers at once
     stages: int = 1           # fused dx only: groups of rows in flight (2: the next group loads
                               # while this one computes)
+    keep_row: bool = False    # fwd only: x loaded once into registers that every stage reads
+                              # (the fused dx kernel always keeps its rows there)
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -167,6 +169,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     """
     sch = sch or Schedule(func)
     part = _part_block(sch)
+    # stages whose loops index registers held across stages: constant indices, fully unrolled
+    in_registers = part is not None or cfg.keep_row
     if part is None:
         anchor = _anchor(sch)
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
@@ -198,16 +202,19 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # loads and stores are `vec` wide; the fp32 math on them stays scalar per element
         # (NVRTC rejects float32x8 arithmetic) and is unrolled
         if two_d:
-            _vector_io(sch, blk, outer, skip=ROW_OPERANDS if part is not None else ())
-        if part is not None:
+            kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
+            _vector_io(sch, blk, outer, skip=kept)
+        if in_registers:
             # they index the row registers: constant indices, whatever `unroll`
             sch.unroll(outer)
             sch.unroll(v)
         else:
             sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
             sch.annotate(outer, "pragma_unroll_explicit", 1)
+    if part is None and cfg.keep_row:
+        _cuda_row_registers(sch, ty, cfg, FWD_ROW_OPERANDS, rows=False)
     if part is not None:
-        _cuda_row_registers(sch, group, cfg)
+        _cuda_row_registers(sch, group, cfg, ROW_OPERANDS, rows=True)
         _cuda_partials(sch, ty, cfg)
         if cfg.stages > 1:
             _cuda_pipeline(sch, group, cfg.stages)
@@ -217,6 +224,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
 # The fused dx kernel's operands that every stage of a row reads (the reductions, dx and the
 # partial sums): loaded once into registers shared by all of them.
 ROW_OPERANDS = ("dy", "x")
+# The forward's (the reductions, y and fp8's amax), with ``keep_row``.
+FWD_ROW_OPERANDS = ("x",)
 
 
 def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
@@ -228,7 +237,7 @@ def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
     allocate). See _cuda_partials for why TVM must be told to assume the map injective."""
     threads, vec, group = cfg.threads, cfg.vec, cfg.prefetch
     if not all(isinstance(v, int) for v in (threads, vec, group)):
-        raise TypeError("the fused dx kernel's threads, vec and prefetch must be plain ints: the "
+        raise TypeError("a kernel keeping rows in registers needs plain ints for threads, vec and prefetch: the "
                         "register layout of its row operands and partial sums depends on them")
     step = threads * vec
     if rows:
@@ -245,25 +254,32 @@ def _thread_columns(sch, loop, cfg: CudaRowConfig):
     return o, tx, v
 
 
-def _cuda_row_registers(sch, group, cfg: CudaRowConfig):
-    """Load ``prefetch`` rows of dy and x into registers at the top of each group of rows, one
-    vector load (``vec`` elements, up to 16 bytes) per thread and vector, and let every stage (the row reductions, dx, the
-    partial sums) read them from there: each element is read from memory once, and the loads of
-    the group's rows are all in flight before the first reduction's barrier. A chunk is walked
+def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
+    """Load the row's ``operands`` into registers at the top of ``loop``, one vector load
+    (``vec`` elements, up to 16 bytes) per thread and vector, and let every stage read them
+    from there: each element is read from memory once.
+
+    Fused dx (``rows``: ``loop`` is a group of ``prefetch`` rows of a chunk): dy and x of the
+    group's rows, read by the row reductions, dx and the partial sums, so the loads of the
+    group's rows are all in flight before the first reduction's barrier. A chunk is walked
     serially, so without the group the kernel had one row in flight per chunk (512 chunks of
-    ~4 KB at hidden 1024: 2 MB, a quarter of what the H200 needs to reach copy bandwidth)."""
-    layout = _thread_layout(cfg, rows=True)
+    ~4 KB at hidden 1024: 2 MB, a quarter of what the H200 needs to reach copy bandwidth).
+
+    Forward (``keep_row``, ``loop`` is the row's): x, read by the reductions, the output and
+    fp8's amax, which otherwise each load it again (from L1 or L2 after the first), as
+    torch.compile's persistent reduction keeps the whole row in registers."""
+    layout = _thread_layout(cfg, rows=rows)
     root = sch.get_sblock("root")
-    for name in ROW_OPERANDS:
+    for name in operands:
         readers = [b for b in sch.get_child_blocks(root)
                    if any(r.source.name == name for r in sch.get(b).reads)]
         idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
         cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
-        sch.compute_at(cache, group, preserve_unit_loops=True)
-        rows, cols = sch.get_loops(cache)[-2:]
+        sch.compute_at(cache, loop, preserve_unit_loops=True)
+        row, cols = sch.get_loops(cache)[-2:]
         o, tx, v = _thread_columns(sch, cols, cfg)
-        sch.reorder(tx, rows, o, v)
-        sch.unroll(rows)
+        sch.reorder(tx, row, o, v)
+        sch.unroll(row)
         sch.unroll(o)
         sch.vectorize(v)
         sch.transform_layout(cache, ("write", 0), layout, assume_injective_transform=True)

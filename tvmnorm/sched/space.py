@@ -13,7 +13,10 @@ tuned at a static row count replays on the symbolic-row kernel.
 CUDA knobs: threads per row (4..1024), rows per block (1..16), vector width (elements per
 thread per access, up to 16 bytes, only widths that divide the row: TE's rule
 hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because predicated tails
-handle the rest), unroll depth. (Staging the row in shared memory was tried: see design_spaces.)
+handle the rest), unroll depth, and whether the row of x is kept in registers for every stage
+(read from memory once) or loaded again by each (``fwd_kept_variants``: structural variants, as the
+register layout depends on threads and vec). (Staging the row in shared memory was tried: see
+design_spaces.)
 Pruned here: thread counts that leave a thread no vector or more than 32 of them, vector widths
 that do not divide the row or exceed 16 bytes; VerifyGPUCode rejects the rest (more than 1024
 threads per block, too much shared memory). Several rows per block with multi-warp rows are
@@ -68,17 +71,21 @@ def _categorical(sch, choices):
     return sch.sample_categorical(list(choices), [1.0 / len(choices)] * len(choices))
 
 
-def cuda_space(key: NormKey, fused=None):
+def cuda_space(key: NormKey, fused=None, kept=None):
     """The CUDA row space. ``fused`` = (threads, vec, prefetch, stages), plain ints, makes it one
     structural variant of the fused dx kernel: they decide the register layout of its row
     operands and partial sums (a constant of the trace, see _thread_layout) and the software
     pipeline over its rows, and its loops over registers are unrolled whatever the unroll knob,
-    so only rows per block is sampled there."""
+    so only rows per block is sampled there. ``kept`` = (threads, vec) makes it a forward variant
+    that keeps the row of x in registers (``keep_row``), for the same reasons structural."""
     def space(sch):
-        rows = _categorical(sch, fused_rows(fused[0]) if fused is not None else ROWS)
+        fixed = fused or kept
+        rows = _categorical(sch, fused_rows(fixed[0]) if fixed is not None else ROWS)
         if fused is not None:
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages)
+        elif kept is not None:
+            cfg = CudaRowConfig(threads=kept[0], rows=rows, vec=kept[1], keep_row=True)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
@@ -152,6 +159,23 @@ def fused_cuda_variants(key: NormKey) -> list:
     return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1)]
 
 
+# Vectors of x one thread of a kept-row forward holds (FWD_KEPT_VECTORS * 16 bytes: 32 registers).
+FWD_KEPT_VECTORS = 8
+
+
+def fwd_kept_variants(key: NormKey) -> list:
+    """(threads, vec) of the forward that keeps its row of x in registers: the two widest vector
+    widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors of the row."""
+    h = key.hidden_size
+    out = []
+    for vec in cuda_vec_choices(key)[-2:]:
+        for threads in cuda_thread_choices(key):
+            vectors = -(-h // (threads * vec))
+            if 1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= max(h, 4 * vec):
+                out.append((threads, vec))
+    return out
+
+
 def llvm_choices(key: NormKey) -> dict:
     """Knob values for the llvm space. Every combination must divide the row: reduction lanes
     (vec * acc) because a reduction's predicated tail does not survive reverse_compute_at, and
@@ -189,7 +213,7 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # then depends on the row count and cannot be vectorised).
     if key.stage in ("bwd", "bwd_add"):
         return [cuda_space(key, fused) for fused in fused_cuda_variants(key)]
-    return [cuda_space(key)]
+    return [cuda_space(key)] + [cuda_space(key, kept=kept) for kept in fwd_kept_variants(key)]
 
 
 def space_size(key: NormKey, kind: str) -> int:
@@ -202,7 +226,8 @@ def space_size(key: NormKey, kind: str) -> int:
         return n
     if key.stage in ("bwd", "bwd_add"):
         return sum(len(fused_rows(variant[0])) for variant in fused_cuda_variants(key))
-    return len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
+    sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
+    return sampled + sum(len(fused_rows(threads)) for threads, _ in fwd_kept_variants(key))
 
 
 def space_fn(key: NormKey, kind: str):
