@@ -1,10 +1,19 @@
-"""Probe row-schedule knobs on the GPU: time CudaRowConfig variants for fwd and dx kernels.
+"""Forward row-schedule points on the GPU: the library's forward kernel (tuned or default) against
+points of the tuned space, above all the row of x kept in registers (``keep_row``) or loaded again
+by each stage, each checked against float64 on the same fresh random data (outputs poisoned with
+NaN first) and timed with triton's do_bench (L2 flushed) at the catalog's training rows, as a
+fraction of the copy ceiling of the same run.
 
-python bench/gpu_probe.py --out $OUT   -> probe.json (frac of the copy ceiling, same run)
+    TVMNORM_LIBRARY=... python bench/gpu_probe.py --out $OUT [--hidden 128,7168,8192] [--norms rmsnorm]
+
+Points per key: the default rule's config with keep_row off and on, and every kept variant of the
+space (sched.space.fwd_kept_variants) with the rows per block the default rule would give its
+thread count. Writes probe.json.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import time
@@ -13,88 +22,97 @@ import torch
 import triton.testing
 
 from tvmnorm import NormKey
-from tvmnorm.build import compile_funcs
-from tvmnorm.compute import kernel_funcs
-from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+from tvmnorm.build import compile_funcs, scheduled_funcs
+from tvmnorm.reference import fwd as reference_fwd
+from tvmnorm.runtime import REGISTRY
+from tvmnorm.sched.default import cuda_row_heuristic
+from tvmnorm.sched.space import fwd_kept_variants
+from tvmnorm.shapes import hidden_sizes, train_rows
+
+
+def us(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
 def copy_gbps():
     src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * src.numel() * 2 / ms / 1e6
+    return 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
 
 
-def configs(H):
-    out = []
-    for vec in (8, 4, 2):
-        if H % vec:
-            continue
-        for threads in (8, 16, 32, 64, 128, 256, 512, 1024):
-            per = H / (threads * vec)
-            if per < 1 or per > 16:
-                continue
-            for rows in (1, 2, 4, 8, 16):
-                if threads * rows > 1024 or threads * rows < 64 or (rows > 1 and threads > 32):
-                    continue
-                out.append(CudaRowConfig(threads=threads, rows=rows, vec=vec))
+def points(key: NormKey) -> dict:
+    """name -> CudaRowConfig: the default rule's, with and without keep_row, and the kept variants."""
+    base = cuda_row_heuristic(key.hidden_size, 2)
+    out = {"default": base, "default+keep": dataclasses.replace(base, keep_row=True)}
+    for threads, vec in fwd_kept_variants(key):
+        rows = cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
+        out[f"{threads}x{rows}v{vec}+keep"] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec,
+                                                                  keep_row=True)
     return out
+
+
+def point_kernel(key: NormKey, cfg):
+    name = f"{key.name}_fwd"
+    return compile_funcs({name: scheduled_funcs(key, "cuda", row_config=cfg)[name]}, "cuda").mod[name]
+
+
+def measure(norm: str, h: int, ceiling: float, deadline: float) -> dict:
+    key = NormKey(norm=norm, hidden_size=h)
+    rows = train_rows(h)
+    x = torch.randn(rows, h, device="cuda").bfloat16()
+    gamma = (torch.rand(h, device="cuda") + 0.5).bfloat16()
+    beta = [torch.randn(h, device="cuda").bfloat16()] if norm == "layernorm" else []
+    stats = [torch.empty(rows, device="cuda") for _ in range(2 if beta else 1)]
+    y = torch.empty_like(x)
+    ref = torch.from_numpy(reference_fwd(norm, x.cpu(), gamma.cpu(), *[b.cpu() for b in beta])["y"]).cuda()
+    scale = float(ref.abs().max())
+    eps = 1e-5 if beta else 1e-6
+    nbytes = 2 * rows * h * 2
+
+    def run(call):
+        y.fill_(float("nan"))
+        call()
+        err = float((y.double() - ref).abs().max()) / scale  # NaN left anywhere stays NaN
+        t = us(call)
+        return {"us": t, "frac": nbytes / t / 1e3 / ceiling, "rel_err": err}
+
+    lib = REGISTRY.get(key, "cuda")
+    r = {"norm": norm, "hidden": h, "rows": rows, "library": lib.origin,
+         "points": {"library": run(lambda: lib(x, gamma, *beta, y, *stats, eps=eps))}}
+    for name, cfg in points(key).items():
+        if time.time() > deadline:
+            break
+        f = point_kernel(key, cfg)
+        r["points"][name] = run(lambda: f(x, gamma, *beta, y, *stats, eps))
+    return r
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--hidden", default="128,512,1024,2048,4096,7168,8192")
-    ap.add_argument("--budget", type=float, default=200, help="seconds")
+    ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
+    ap.add_argument("--norms", default="rmsnorm,layernorm")
+    ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
+    deadline = time.time() + args.seconds
     ceiling = copy_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
-    results = []
-    t_end = time.time() + args.budget
-    for H in [int(h) for h in args.hidden.split(",")]:
-        M = (1 << 21) // H * 8 if H < 1024 else 16384
-        x = torch.randn(M, H, device="cuda").bfloat16()
-        w = torch.rand(H, device="cuda").bfloat16() + 0.5
-        y = torch.empty_like(x)
-        r = torch.empty(M, device="cuda")
-        ref = torch.nn.functional.rms_norm(x.double(), (H,), w.double(), eps=1e-6)
-        dy = torch.randn_like(x)
-        dx = torch.empty_like(x)
-        key = NormKey(hidden_size=H)
-        kb = NormKey(stage="bwd", hidden_size=H)
-        best = {}
-        for part, k in (("fwd", key), ("dx", kb)):
-            func = kernel_funcs(k, "cuda")[part]
-            for cfg in configs(H):
-                if time.time() > t_end:
-                    break
-                try:
-                    sch = schedule_rows_cuda(func, cfg)
-                    ex = compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f")}, "cuda")
-                    f = ex.mod["f"]
-                    if part == "fwd":
-                        y.fill_(float("nan"))
-                        call = lambda: f(x, w, y, r, 1e-6)  # noqa: E731
-                        call()
-                        err = (y.double() - ref).abs().max().item()
-                        nbytes = 2 * M * H * 2
-                    else:
-                        dx.fill_(float("nan"))
-                        call = lambda: f(dy, x, r, w, dx)  # noqa: E731
-                        call()
-                        err = 0.0 if not torch.isnan(dx).any() else float("nan")
-                        nbytes = 3 * M * H * 2
-                    ms = triton.testing.do_bench(call, warmup=20, rep=100, return_mode="median")
-                    frac = nbytes / ms / 1e6 / ceiling
-                    rec = dict(H=H, M=M, part=part, cfg=cfg.__dict__, us=ms * 1e3, frac=frac, err=err)
-                except Exception as e:  # noqa: BLE001
-                    rec = dict(H=H, part=part, cfg=cfg.__dict__, error=str(e)[-300:])
-                results.append(rec)
-                if "frac" in rec and (part not in best or rec["frac"] > best[part]["frac"]):
-                    best[part] = rec
-        for part, rec in best.items():
-            print(f"H={H:5d} {part:4s} best frac {rec['frac']:.3f} err {rec['err']:.2e} {rec['cfg']}", flush=True)
-    pathlib.Path(args.out, "probe.json").write_text(json.dumps({"ceiling_gbps": ceiling, "results": results}, indent=1))
+    out = []
+    for norm in args.norms.split(","):
+        for h in (int(v) for v in args.hidden.split(",")):
+            if time.time() > deadline:
+                break
+            r = measure(norm, h, ceiling, deadline)
+            out.append(r)
+            print(f"{norm:9s} H={h:5d} " + "  ".join(
+                f"{k} {v['us']:.1f} ({v['frac']:.3f}, err {v['rel_err']:.0e})" for k, v in r["points"].items()),
+                flush=True)
+    from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
+    from tvmnorm.build import source_hash
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "tvm": TVM_VERSION, "tvm_ffi": FFI_VERSION, "tvmnorm_source_hash": source_hash(),
+            "copy_gbps": ceiling}
+    pathlib.Path(args.out, "probe.json").write_text(json.dumps({"meta": meta, "results": out}, indent=1))
 
 
 if __name__ == "__main__":

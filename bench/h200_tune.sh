@@ -19,7 +19,8 @@ mkdir -p "$OUT" "$STATE/schedules"
 [ -f "$STATE/schedules/cuda-sm_90.json" ] || cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null || true
 export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
 # the keys, databases, records and library of this run, shared by the tune and its recovery
-run=(--target cuda --shapes "${SHAPES:-all}" --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
+# HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune and the benchmark
+run=(--target cuda --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
      --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
      --schedules "$STATE/schedules" --out "$STATE/lib")
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
@@ -40,7 +41,7 @@ if [ -f "$STATE/lib/manifest.json" ]; then
   if [ -n "${BENCH:-}" ]; then
     TVMNORM_LIBRARY="$STATE/lib" timeout "${BENCH_SECONDS:-300}" python -m tvmnorm.bench --target cuda \
       --ops "${BENCH_OPS:-rmsnorm_fwd,rmsnorm_bwd,layernorm_fwd,layernorm_bwd}" --dtypes "${DTYPES:-bf16}" \
-      --shapes "${SHAPES:-all}" --rows train --impls tvmnorm_tuned,tvmnorm_default,torch_eager,liger \
+      --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} --rows train --impls tvmnorm_tuned,tvmnorm_default,torch_eager,liger \
       --out "$OUT" --name h200-tuned --no-plots
     # the records that go into schedules/: float64-checked, and no slower than the default in
     # the library (tuning timed a static-row candidate; the library runs the symbolic-row kernel)
