@@ -6,9 +6,10 @@ fraction of the copy ceiling of the same run.
 
     TVMNORM_LIBRARY=... python bench/gpu_probe.py --out $OUT [--hidden 128,7168,8192] [--norms rmsnorm]
 
-Points per key: the default rule's config with keep_row off and on, and every kept variant of the
-space (sched.space.fwd_kept_variants) with the rows per block the default rule would give its
-thread count. Writes probe.json.
+Points per key: the default rule's config (sched.default.fwd_cuda_heuristic) with keep_row as it
+sets it and flipped, the earlier rule (cuda_row_heuristic: x loaded by each stage), and every kept
+variant of the space (sched.space.fwd_kept_variants) with the rows per block cuda_row_heuristic
+gives its thread count. Writes probe.json.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tvmnorm import NormKey
 from tvmnorm.build import compile_funcs, scheduled_funcs
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY
-from tvmnorm.sched.default import cuda_row_heuristic
+from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.space import fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
 
@@ -41,9 +42,12 @@ def copy_gbps():
 
 
 def points(key: NormKey) -> dict:
-    """name -> CudaRowConfig: the default rule's, with and without keep_row, and the kept variants."""
-    base = cuda_row_heuristic(key.hidden_size, 2)
-    out = {"default": base, "default+keep": dataclasses.replace(base, keep_row=True)}
+    """name -> CudaRowConfig: the default rule's, with keep_row flipped, the earlier rule's, and
+    the kept variants."""
+    base = fwd_cuda_heuristic(key.hidden_size, 2)
+    earlier = cuda_row_heuristic(key.hidden_size, 2)
+    out = {"default": base, "default-flipped": dataclasses.replace(base, keep_row=not base.keep_row),
+           "loaded-per-stage": earlier}
     for threads, vec in fwd_kept_variants(key):
         rows = cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
         out[f"{threads}x{rows}v{vec}+keep"] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec,

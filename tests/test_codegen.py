@@ -24,12 +24,19 @@ def kernel(src: str, part: str) -> str:
 
 
 def test_row_kernel_uses_vector_loads_and_warp_allreduce():
+    """The default forward (sched.default.fwd_cuda_heuristic) reads x in 8-byte vectors, once
+    per element, into registers that both stages read, and writes y in 8-byte vectors; short
+    rows take 16-byte vectors."""
     body = kernel(cuda_source(NormKey(hidden_size=4096)), "fwd")
-    assert "*(uint4*)(x_ptr" in body, "x is not read with 16-byte loads"
-    assert "*(uint4*)(y_ptr" in body, "y is not written with 16-byte stores"
+    loads = re.findall(r"\*\((\w+)\*\)\(x_ptr", body)
+    assert loads and set(loads) == {"nv_bfloat164"}, "x is not read with 8-byte loads"
+    assert len(loads) == 4096 // (128 * 4), "x is read more than once"  # 128 threads x 4 elements
+    assert "*(nv_bfloat164*)(y_ptr" in body, "y is not written with 8-byte stores"
     assert "__shfl_down_sync" in body
+    short = kernel(cuda_source(NormKey(hidden_size=128)), "fwd")
+    assert "*(uint4*)(x_ptr" in short and "*(uint4*)(y_ptr" in short
     # rsigma is stored by one thread of the row, after the value is in every thread's registers
-    assert re.search(r"threadIdx\.x\) < (\(int64_t\))?1\)\) \{\s*rsigma_ptr\[", body)
+    assert re.search(r"threadIdx\.x\) < (\(int64_t\))?1\)+ \{\s*rsigma_ptr\[", body)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

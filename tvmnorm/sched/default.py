@@ -43,6 +43,41 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int, vectors_per_thread: int = 8
     return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256)
 
 
+def _widest_vector(hidden: int, elem_bytes: int, most_bytes: int) -> int:
+    """Elements in the widest vector of at most ``most_bytes`` that divides the row."""
+    return next((n // elem_bytes for n in (16, 8, 4, 2) if n <= most_bytes and n >= elem_bytes
+                 and (hidden * elem_bytes) % n == 0), 1)
+
+
+# Bytes of the row one thread of the default forward may keep in registers (32 registers; a
+# 1024-thread block leaves a thread 64 in all). Wider rows (fp32 at hidden 65536) are loaded
+# by each stage instead.
+KEPT_ROW_BYTES = 128
+
+
+def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
+    """The forward keeps its row of x in registers (keep_row: read from memory once), in
+    8-byte vectors, 128 to 1024 threads per row with about 8 vectors each; rows of fewer than
+    128 such vectors take 16-byte vectors, 2 per thread, and share a block (128 threads).
+    Measured on the H200 (bf16, 16384 tokens; bench/results/h200-fwd-probe.log) against the
+    earlier rule (16-byte vectors, ~8 per thread, x loaded by each stage): the kept row in
+    these shapes took 71.7/73.3 us instead of 93.4/107.4 at rmsnorm/layernorm 4096, 118.8/
+    120.6 instead of 120.2/157.0 at 7168, 135.5/136.7 instead of 137.1/176.8 at 8192, and
+    72.5/74.4 instead of 75.1/99.5 at 128; 16-byte vectors with the row kept ran up to 1.3x
+    slower than 8-byte ones at layernorm 4096-8192. Rows too wide to keep (KEPT_ROW_BYTES) get
+    cuda_row_heuristic's schedule."""
+    vec = _widest_vector(hidden, elem_bytes, 8)
+    vectors = -(-hidden // vec)
+    if vectors >= 128:
+        threads = min(1024, max(128, _pow2_at_least(-(-vectors // 8))))
+        if -(-vectors // threads) * vec * elem_bytes > KEPT_ROW_BYTES:
+            return cuda_row_heuristic(hidden, elem_bytes)  # the row would not fit: loaded per stage
+        return CudaRowConfig(threads=threads, rows=1, vec=vec, unroll=256, keep_row=True)
+    vec = _widest_vector(hidden, elem_bytes, 16)
+    threads = max(4, _pow2_at_least(-(-hidden // vec) // 2))
+    return CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, unroll=256, keep_row=True)
+
+
 def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     """The row heuristic with at most 2 vectors per thread (each thread also keeps a running sum
     per element), and as many rows loaded at once (prefetch) as fit 96 registers of sums and
@@ -95,9 +130,11 @@ def finalize_split(hidden: int) -> tuple:
 
 
 # Partial rows each finalize thread loads per step of its walk, unrolled so that they are all in
-# flight together: rolled, a thread had one load in flight and finalize was bound by the
-# latency of its serial walk (bench/results/h200-bwd-parts-3.log).
-FINALIZE_UNROLL = 4
+# flight together. Measured on the H200 (bf16, 16384 tokens, 512 partials; bench/results/
+# h200-bwd-parts-3.log), 8 was never slower than 1, 2 or 4 and took 19.2 us against 22.1 (1) and
+# 27.6 (4) for layernorm 8192 with 32 x 16 threads, 28.1 against 30.0 (1) and 72.4 (4) for
+# layernorm 128 with its 16384 partials summed by finalize alone.
+FINALIZE_UNROLL = 8
 
 
 def _cuda_finalize(func, columns: int | None = None, lanes: int | None = None, unroll: int = FINALIZE_UNROLL):
@@ -199,7 +236,7 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
         if part in ROW_PARTS:
             if part == "dx" and is_fused(func):
                 return schedule_rows_cuda(func, fused_cuda_heuristic(func, hidden, itype_bytes))
-            return schedule_rows_cuda(func, cuda_row_heuristic(hidden, itype_bytes))
+            return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
         return {"finalize": _cuda_finalize, "combine": _cuda_combine, "amax": _cuda_amax}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
