@@ -5,9 +5,10 @@ before each call) at the catalog's training rows, against the copy ceiling of th
     TVMNORM_LIBRARY=... python bench/bwd_parts.py --out $OUT [--hidden 128,1024,8192]
 
 Writes bwd-parts.json. It decides runtime.COMBINE_ABOVE: at how many partials the two stages
-beat finalize alone. With --finalize 32x16,8x64,... it also times finalize split other ways
-(columns per block x threadIdx.y lanes [x partial rows in flight per lane], sched.default._cuda_finalize), each checked against the
-default's dgamma, to choose that split by measurement. With --stages 2x1,1x2 it also times the
+beat finalize alone. With --finalize 32x16,8x64x8,... it also times finalize split other ways
+(columns per block x threadIdx.y lanes [x partial rows in flight per lane],
+sched.default._cuda_finalize), each checked against the default's dgamma, to choose that split by
+measurement. With --stages 2x1,1x2 it also times the
 default rule's dx with other rows per group x groups in flight (sched.rows._cuda_pipeline), each
 checked against the library's dx and partials (run it with a library of default schedules).
 """
@@ -95,7 +96,8 @@ def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
         fin = finalize_variant(key, columns, lanes, unroll)
         got = [torch.full_like(g, float("nan")) for g in grads]
         fin(part, *got)
-        r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": us(lambda: fin(part, *got)), "rel_err": rel_err(got, want)}
+        r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": us(lambda: fin(part, *got)),
+                                                                "rel_err": rel_err(got, want)}
     r["dx_stages"] = {}
     if stages:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
@@ -114,8 +116,8 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
     ap.add_argument("--norms", default="rmsnorm,layernorm")
-    ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], e.g. 8x64,16x32x8 "
-                    "(unroll: sched.default.FINALIZE_UNROLL unless given)")
+    ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], "
+                    "e.g. 8x64,16x32x8 (unroll: sched.default.FINALIZE_UNROLL unless given)")
     ap.add_argument("--stages", default="", help="the default dx with PREFETCHxSTAGES rows per group and groups "
                     "in flight, e.g. 2x1,1x2,2x2 (run with a --no-tuned library: checked against its dx)")
     args = ap.parse_args()

@@ -240,3 +240,22 @@ def test_default_dx_rows_per_group(norm, hidden, prefetch):
     from tvmnorm.sched.default import fused_cuda_heuristic
     func = kernel_funcs(NormKey(norm=norm, stage="bwd", hidden_size=hidden), "cuda")["dx"]
     assert fused_cuda_heuristic(func, hidden, 2).prefetch == prefetch
+
+
+@pytest.mark.parametrize("hidden,elem_bytes,threads,rows,vec,keep", [
+    (128, 2, 8, 16, 8, True),        # short rows: 16-byte vectors, 2 a thread, 16 rows a block
+    (1024, 2, 128, 1, 4, True),      # 8-byte vectors, 128 threads at least
+    (4096, 2, 128, 1, 4, True),
+    (7168, 2, 256, 1, 4, True),      # ~8 vectors a thread
+    (4095, 2, 512, 1, 1, True),      # odd: scalar, predicated tail
+    (65536, 2, 1024, 1, 4, True),    # 16 vectors of 8 bytes: 32 registers
+    (65536, 4, 1024, 1, 4, False)])  # fp32 would need 64 registers: x loaded by each stage
+def test_default_fwd_keeps_the_row_where_it_fits(hidden, elem_bytes, threads, rows, vec, keep):
+    """The default forward (fwd_cuda_heuristic) keeps its row of x in registers with the
+    thread counts and vector widths measured fastest on the H200, unless the row would take
+    more than KEPT_ROW_BYTES of a thread's registers."""
+    from tvmnorm.sched.default import KEPT_ROW_BYTES, fwd_cuda_heuristic
+    cfg = fwd_cuda_heuristic(hidden, elem_bytes)
+    assert (cfg.threads, cfg.rows, cfg.vec, cfg.keep_row) == (threads, rows, vec, keep)
+    if keep:
+        assert -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec * elem_bytes <= KEPT_ROW_BYTES

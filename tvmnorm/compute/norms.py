@@ -335,7 +335,6 @@ def finalize(key: NormKey, kind: str, name="finalize", partials=None):
     S = 2 if key.norm == "layernorm" else 1
     part = te.placeholder((S, P, H), c, name="part")
     wt = TVM_DTYPE[key.wtype]
-    names = ("dgamma", "dbeta")[:S]
     if S == 2 and kind == "cuda":
         q = te.reduce_axis((0, P), name="q")
         pair = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
@@ -344,7 +343,7 @@ def finalize(key: NormKey, kind: str, name="finalize", partials=None):
         outs = te.compute((H,), lambda j: tuple(a[j].astype(wt) for a in accs), name="wgrad")
         return _func([part, *outs], name)
     outs = []
-    for s, nm in zip(range(S), names):
+    for s, nm in zip(range(S), ("dgamma", "dbeta")):
         q = te.reduce_axis((0, P), name="q")
         acc = te.compute((H,), lambda j: te.sum(part[s, q, j], axis=q), name=f"{nm}_acc")
         outs.append(te.compute((H,), lambda j: acc[j].astype(wt), name=nm))
