@@ -259,3 +259,19 @@ def test_default_fwd_keeps_the_row_where_it_fits(hidden, elem_bytes, threads, ro
     assert (cfg.threads, cfg.rows, cfg.vec, cfg.keep_row) == (threads, rows, vec, keep)
     if keep:
         assert -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec * elem_bytes <= KEPT_ROW_BYTES
+
+
+@pytest.mark.parametrize("hidden", [1, 2, 3, 7, 8, 16, 1000, 4095])
+@pytest.mark.parametrize("otype", ["bf16", "fp8e4m3"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
+    """The default forward compiles at every narrow or odd width (keeping the row with idle
+    threads failed to build for layernorm at hidden 1), and so does every kept variant of the
+    space there."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    from tvmnorm.sched.space import fwd_kept_variants
+    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    assert "fwd_kernel" in cuda_source(key)
+    for threads, vec in fwd_kept_variants(key):
+        cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
+        compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg), "cuda")

@@ -165,13 +165,15 @@ FWD_KEPT_VECTORS = 8
 
 def fwd_kept_variants(key: NormKey) -> list:
     """(threads, vec) of the forward that keeps its row of x in registers: the two widest vector
-    widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors of the row."""
+    widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors of the row
+    and leave none without one (with idle threads, layernorm at hidden 1 failed to build: TVM
+    mixed int32 and int64 bounds)."""
     h = key.hidden_size
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
         for threads in cuda_thread_choices(key):
             vectors = -(-h // (threads * vec))
-            if 1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= max(h, 4 * vec):
+            if 1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h:
                 out.append((threads, vec))
     return out
 
