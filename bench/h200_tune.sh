@@ -18,6 +18,8 @@ mkdir -p "$OUT" "$STATE/schedules"
 # start from the committed records: tuned keys are skipped, and the library keeps them
 [ -f "$STATE/schedules/cuda-sm_90.json" ] || cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null || true
 export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
+# fail in a second, not after the tune's timeout and the check's (see h200_verify.sh)
+python -c "import tvm, tvm_ffi" || { echo "!! tvm does not import here (PYTHONPATH=${PYTHONPATH:-})" | tee "$OUT/tune.log"; exit 1; }
 # the keys, databases, records and library of this run, shared by the tune and its recovery
 # HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune and the benchmark
 run=(--target cuda --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"

@@ -24,6 +24,7 @@ export DEADLINE_EPOCH=$(($(date +%s) + ${DEADLINE:-540}))
 V=$OUT/verify
 mkdir -p "$V"
 export PYTHONUNBUFFERED=1 TVMNORM_CACHE=${TVMNORM_CACHE:-/tmp/tvmnorm-cache}
+python -c "import tvm, tvm_ffi" || { echo "!! tvm does not import here (PYTHONPATH=${PYTHONPATH:-})"; exit 1; }
 if [ -n "${BUILD-1}" ]; then
   # a committed record that a job's `tune accept` dropped stays out (tune.merge_accepted)
   python -m tvmnorm.tune merge schedules/cuda-sm_90.json $(ls /tmp/tvmnorm-tune-*/accepted-cuda-sm_90.json 2>/dev/null) \
@@ -42,7 +43,13 @@ PARTS1=${PARTS1-rmsnorm_bwd_train layernorm_bwd_train}
 if [ -n "${TESTS-1}" ]; then
   SHARDS=${SHARDS:-12} GPUS=2 OUT=$V TEST_SECONDS=${TEST_SECONDS:-300} bash bench/gpu_tests.sh > "$V/tests.log" 2>&1
 fi
-[ -n "${build:-}" ] && wait "$build"
+if [ -n "${build:-}" ] && ! wait "$build"; then
+  # without the library every tvmnorm_tuned cell would be "missing": stop before the parts spend
+  # the lease's minutes (the seventh lease lost a call to an environment that could not import tvm)
+  tail -5 "$V/build.log"; echo "!! the library did not build; no bench parts"
+  tar czf "$OUT/verify.tgz" -C "$OUT" verify && rm -rf "$V"
+  exit 1
+fi
 for g in 0 1; do
   parts=PARTS$g
   [ -z "${!parts}" ] || PARTS="${!parts}" FIRST_GPU=$g TVMNORM_LIBRARY=$LIB OUT=$V/gpu$g \
