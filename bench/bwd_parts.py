@@ -19,23 +19,21 @@ import json
 import pathlib
 
 import torch
-import triton.testing
 
 from tvmnorm import NormKey
+from tvmnorm.bench import Timer, copy_roofline
 from tvmnorm.compute.norms import combined_partials
 from tvmnorm.runtime import REGISTRY, partials
 from tvmnorm.sched.default import FINALIZE_UNROLL
 from tvmnorm.shapes import hidden_sizes, train_rows
 
 
+# the bench's timer (triton's do_bench, median, L2 flushed before each call) and copy ceiling
+TIMER = Timer("cuda", warmup_ms=25, rep_ms=100)
+
+
 def us(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-
-
-def copy_gbps():
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
+    return TIMER([fn])[0]
 
 
 def finalize_variant(key, columns: int, lanes: int, unroll: int):
@@ -123,7 +121,7 @@ def main():
     args = ap.parse_args()
     variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
     stages = [tuple(int(v) for v in c.split("x")) for c in args.stages.split(",") if c]
-    ceiling = copy_gbps()
+    ceiling = copy_roofline("cuda", TIMER)["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):

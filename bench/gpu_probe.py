@@ -20,9 +20,9 @@ import pathlib
 import time
 
 import torch
-import triton.testing
 
 from tvmnorm import NormKey
+from tvmnorm.bench import Timer, copy_roofline
 from tvmnorm.build import compile_funcs, scheduled_funcs
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY
@@ -31,14 +31,12 @@ from tvmnorm.sched.space import fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
 
 
+# the bench's timer (triton's do_bench, median, L2 flushed before each call) and copy ceiling
+TIMER = Timer("cuda", warmup_ms=25, rep_ms=100)
+
+
 def us(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-
-
-def copy_gbps():
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / us(lambda: dst.copy_(src)) / 1e3
+    return TIMER([fn])[0]
 
 
 def points(key: NormKey) -> dict:
@@ -99,7 +97,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
     deadline = time.time() + args.seconds
-    ceiling = copy_gbps()
+    ceiling = copy_roofline("cuda", TIMER)["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):
