@@ -23,6 +23,13 @@ def _pow2_at_least(v: int) -> int:
     return p
 
 
+def _widest_vector(hidden: int, elem_bytes: int, most_bytes: int) -> int:
+    """Elements in the widest vector of 16/8/4/2 bytes, at most ``most_bytes``, of whole
+    elements that divides the row (1 if none does)."""
+    return next((n // elem_bytes for n in (16, 8, 4, 2) if elem_bytes <= n <= most_bytes and n % elem_bytes == 0
+                 and (hidden * elem_bytes) % n == 0), 1)
+
+
 def cuda_row_heuristic(hidden: int, elem_bytes: int, vectors_per_thread: int = 8) -> CudaRowConfig:
     """Vector width: the widest of 16/8/4/2/1 bytes that divides the row, so every thread's
     chunk is aligned (TE's rule: hidden * size % (threads * bytes_per_load) == 0 for no tail).
@@ -30,23 +37,13 @@ def cuda_row_heuristic(hidden: int, elem_bytes: int, vectors_per_thread: int = 8
     dx kernel, whose threads also keep a running sum per element in registers), one warp at
     least when the row has the work, at most 1024. Small rows share a block so that a block
     has >= 128 threads."""
-    vec = 1
-    for nbytes in (16, 8, 4, 2):
-        if (hidden * elem_bytes) % nbytes == 0 and nbytes // elem_bytes >= 1 and nbytes % elem_bytes == 0:
-            vec = nbytes // elem_bytes
-            break
+    vec = _widest_vector(hidden, elem_bytes, 16)
     vectors = -(-hidden // vec)
     threads = min(1024, max(32, _pow2_at_least(-(-vectors // vectors_per_thread))))
     if vectors < 32:
         threads = max(4, _pow2_at_least(vectors))
     rows = max(1, min(1024 // threads, 128 // threads)) if threads < 128 else 1
     return CudaRowConfig(threads=threads, rows=rows, vec=vec, unroll=256)
-
-
-def _widest_vector(hidden: int, elem_bytes: int, most_bytes: int) -> int:
-    """Elements in the widest vector of at most ``most_bytes`` that divides the row."""
-    return next((n // elem_bytes for n in (16, 8, 4, 2) if n <= most_bytes and n >= elem_bytes
-                 and (hidden * elem_bytes) % n == 0), 1)
 
 
 # Bytes of the row one thread of the default forward may keep in registers (32 registers; a
