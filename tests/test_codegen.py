@@ -11,8 +11,9 @@ from tvmnorm.build import compile_funcs, scheduled_funcs
 from tvmnorm.compute.norms import AMAX_CHUNK
 
 
-def cuda_source(key: NormKey) -> str:
-    ex = compile_funcs(scheduled_funcs(key, "cuda"), "cuda")
+def cuda_source(key: NormKey, row_config=None) -> str:
+    """The key's CUDA source; ``row_config`` schedules its row kernel (a point of the space)."""
+    ex = compile_funcs(scheduled_funcs(key, "cuda", row_config=row_config), "cuda")
     assert [m.kind for m in ex.mod.imports] == ["cuda"]
     return ex.mod.imports[0].inspect_source()
 
@@ -167,8 +168,7 @@ def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidde
     key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
     vec = 8
     cfg = CudaRowConfig(threads=threads, rows=1, vec=vec, prefetch=prefetch, stages=stages)
-    funcs = scheduled_funcs(key, "cuda", row_config=cfg)
-    body = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "dx")
+    body = kernel(cuda_source(key, row_config=cfg), "dx")
     vectors = -(-hidden // (threads * vec))
     for buf in ("dy_local_ptr", "x_local_ptr"):
         assert re.search(rf" {buf}\[(\d+)\];", body)[1] == str(stages * prefetch * vectors * vec), buf
@@ -195,8 +195,7 @@ def test_fwd_kept_row_reads_x_once(norm, otype, hidden, threads, vec):
     bodies = {}
     for keep in (True, False):
         cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=keep)
-        funcs = scheduled_funcs(key, "cuda", row_config=cfg)
-        bodies[keep] = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "fwd")
+        bodies[keep] = kernel(cuda_source(key, row_config=cfg), "fwd")
     loads = lambda body: len(re.findall(r"= \*?(\(\w+\*\))?\(?x_ptr[\[ +]", body))  # noqa: E731
     assert loads(bodies[True]) == vectors
     stages = 3 if norm == "layernorm" else 2  # the reductions and y (fp8's amax reads y's registers)
@@ -274,4 +273,4 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     assert "fwd_kernel" in cuda_source(key)
     for threads, vec in fwd_kept_variants(key):
         cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
-        compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg), "cuda")
+        cuda_source(key, row_config=cfg)
