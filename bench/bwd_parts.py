@@ -8,9 +8,10 @@ Writes bwd-parts.json. It decides runtime.COMBINE_ABOVE: at how many partials th
 beat finalize alone. With --finalize 32x16,8x64x8,... it also times finalize split other ways
 (columns per block x threadIdx.y lanes [x partial rows in flight per lane],
 sched.default._cuda_finalize), each checked against the default's dgamma, to choose that split by
-measurement. With --stages 2x1,1x2 it also times the
-default rule's dx with other rows per group x groups in flight (sched.rows._cuda_pipeline), each
-checked against the library's dx and partials (run it with a library of default schedules).
+measurement. With --dx 512x1x1,448x2x1 it also times the default rule's dx with other threads
+per row x rows per group x groups in flight (sched.rows._cuda_pipeline; 0 keeps the default's
+value), each checked against the library's dx and partials (run it with a library of default
+schedules).
 """
 from __future__ import annotations
 
@@ -46,16 +47,17 @@ def finalize_variant(key, columns: int, lanes: int, unroll: int):
                          "cuda").mod["f"]
 
 
-def dx_variant(key, prefetch: int, stages: int):
-    """The key's dx kernel under the default rule's threads, vec and lanes, with ``prefetch``
-    rows loaded per group and ``stages`` groups in flight (sched.rows._cuda_pipeline), compiled
-    on its own."""
+def dx_variant(key, threads: int, prefetch: int, stages: int):
+    """The key's dx kernel under the default rule's vec and lanes, with ``threads`` per row,
+    ``prefetch`` rows loaded per group and ``stages`` groups in flight (sched.rows._cuda_pipeline;
+    0: the default's), compiled on its own."""
     import dataclasses
     from tvmnorm.build import compile_funcs, scheduled_funcs
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
     cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
-    cfg = dataclasses.replace(cfg, prefetch=prefetch, stages=stages)
+    cfg = dataclasses.replace(cfg, threads=threads or cfg.threads, prefetch=prefetch or cfg.prefetch,
+                              stages=stages or cfg.stages)
     name = f"{key.name}_dx"
     return compile_funcs({name: scheduled_funcs(key, "cuda", row_config=cfg)[name]}, "cuda").mod[name], cfg
 
@@ -65,7 +67,7 @@ def rel_err(got, want) -> float:
     return max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
 
 
-def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
+def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=()) -> dict:
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     rows = train_rows(h)
@@ -96,15 +98,15 @@ def measure(norm: str, h: int, ceiling: float, variants=(), stages=()) -> dict:
         fin(part, *got)
         r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": us(lambda: fin(part, *got)),
                                                                 "rel_err": rel_err(got, want)}
-    r["dx_stages"] = {}
-    if stages:  # against the default rule's dx (a --no-tuned library) at the default T
+    r["dx_points"] = {}
+    if dx_points:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
         want = [dx.float(), part.clone()]
-    for prefetch, n in stages:
-        fdx, cfg = dx_variant(key, prefetch, n)
+    for threads, prefetch, n in dx_points:
+        fdx, cfg = dx_variant(key, threads, prefetch, n)
         got = [torch.full_like(dx, float("nan")), torch.full_like(part, float("nan"))]
         fdx(dy, x, *stats, gamma, *got)
-        r["dx_stages"][f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{prefetch}s{n}"] = {
+        r["dx_points"][f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{cfg.prefetch}s{cfg.stages}"] = {
             "us": us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
     return r
 
@@ -116,23 +118,24 @@ def main():
     ap.add_argument("--norms", default="rmsnorm,layernorm")
     ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], "
                     "e.g. 8x64,16x32x8 (unroll: sched.default.FINALIZE_UNROLL unless given)")
-    ap.add_argument("--stages", default="", help="the default dx with PREFETCHxSTAGES rows per group and groups "
-                    "in flight, e.g. 2x1,1x2,2x2 (run with a --no-tuned library: checked against its dx)")
+    ap.add_argument("--dx", default="", help="the default dx with THREADSxPREFETCHxSTAGES threads per row, rows per "
+                    "group and groups in flight (0: the default's), e.g. 512x0x0,0x1x2 (run with a --no-tuned "
+                    "library: checked against its dx)")
     args = ap.parse_args()
     variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
-    stages = [tuple(int(v) for v in c.split("x")) for c in args.stages.split(",") if c]
+    dx_points = [tuple(int(v) for v in c.split("x")) for c in args.dx.split(",") if c]
     ceiling = copy_roofline("cuda", TIMER)["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            r = measure(norm, h, ceiling, variants, stages)
+            r = measure(norm, h, ceiling, variants, dx_points)
             out.append(r)
             print(f"{norm:9s} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
                   f"(frac {r['frac']:.3f})" + "".join(f"  {k} {v['us']:.1f} (err {v['rel_err']:.0e})"
                                                       for k, v in r["finalize_variants"].items())
-                  + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" for k, v in r["dx_stages"].items()),
+                  + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" for k, v in r["dx_points"].items()),
                   flush=True)
     from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
     from tvmnorm.build import source_hash
