@@ -230,11 +230,10 @@ def test_unroll_by_unrolls_a_loop_that_many_times_with_a_tail():
 
 
 @pytest.mark.parametrize("norm,hidden,prefetch", [("rmsnorm", 4096, 4), ("rmsnorm", 5120, 1), ("rmsnorm", 8192, 1),
-                                                  ("rmsnorm", 7168, 1), ("rmsnorm", 3584, 4),
                                                   ("layernorm", 8192, 2), ("rmsnorm", 128, 2)])
 def test_default_dx_rows_per_group(norm, hidden, prefetch):
     """The default dx loads as many rows at once as leave its blocks room: RMSNorm with blocks of
-    more than 256 threads (hidden above 4096: 320, 448, 512) one row, so two blocks fit an SM (measured faster on the
+    512 threads (hidden above 4096) one row, so two blocks fit an SM (measured faster on the
     H200), narrower RMSNorm rows 4, LayerNorm (two sums per element) 2, 8-row blocks 2."""
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
@@ -242,29 +241,14 @@ def test_default_dx_rows_per_group(norm, hidden, prefetch):
     assert fused_cuda_heuristic(func, hidden, 2).prefetch == prefetch
 
 
-@pytest.mark.parametrize("hidden,threads", [(7168, 448), (5120, 320), (3584, 224), (2560, 160), (1536, 96),
-                                            (8192, 512), (4096, 256), (896, 64), (1000, 64)])
-def test_default_dx_splits_the_row_evenly_where_whole_warps_can(hidden, threads):
-    """The default dx takes the fewest whole warps that split the row into 2 vectors of 8 a
-    thread where the power of two leaves the last step part idle (7168: 448, not 512 x 1.75);
-    widths no warp count splits (896 = 112 vectors, 1000) keep the power of two and its tail."""
-    from tvmnorm.compute import kernel_funcs
-    from tvmnorm.sched.default import fused_cuda_heuristic
-    for norm in ("rmsnorm", "layernorm"):
-        func = kernel_funcs(NormKey(norm=norm, stage="bwd", hidden_size=hidden), "cuda")["dx"]
-        cfg = fused_cuda_heuristic(func, hidden, 2)
-        assert (cfg.threads, cfg.rows) == (threads, 1 if threads >= 96 else cfg.rows)
-        assert cfg.vec == (8 if hidden % 8 == 0 else cfg.vec)
-
-
 def test_even_split_dx_has_no_column_guard():
-    """448 threads x 2 vectors of 8 cover a row of 7168 exactly: the generated dx has no
-    per-thread column guard, which the power-of-two split (512: threadIdx.x < 384 on the last
-    step) needs."""
+    """448 threads x 2 vectors of 8 (a variant of exact_thread_counts) cover a row of 7168
+    exactly: the generated dx has no per-thread column guard, which the power-of-two split (512:
+    threadIdx.x < 384 on the last step) needs, and its allreduce spans 14 warps."""
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
-    src = cuda_source(key)
-    assert "__launch_bounds__(448)" in src
+    src = cuda_source(key, CudaRowConfig(threads=448, rows=1, vec=8, prefetch=2))
+    assert "__launch_bounds__(448)" in src and "red_buf_staging_ptr[14]" in src
     def guards(body):  # thread guards of 32 or more (the allreduce's second stage guards lanes of a warp)
         return {int(v) for v in re.findall(r"\(\(int64_t\)threadIdx\.x\) < \(int64_t\)(\d+)", body)} - set(range(32))
     assert guards(kernel(src, "dx")) == set()

@@ -11,7 +11,7 @@ import dataclasses
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
-from .space import exact_thread_counts, fused_register_limit, fused_registers
+from .space import fused_register_limit, fused_registers
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -86,22 +86,15 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     against the earlier cap of 8: LayerNorm with 2 instead of 4 rows was 1.30-1.52x faster at
     hidden 1536-4096 and 0.91-0.93x at 896/1024; RMSNorm with 2 instead of 4 was 0.86-1.05x at
     512-8192, but at 128 (16 threads, 8 rows a block) 2 rows took 231.8 us, 4 251.4 us, 8 264.1.
-    RMSNorm with blocks of more than 256 threads (hidden above 4096) loads 1 row: two such blocks
-    share an SM only at <= 64-100 registers a thread, and 1 row took 263.8 and 293.3 us at hidden
-    7168 and 8192 against 305.6 and 329.3 with 4 (bench/results/h200-bwd-stages.log).
-    Where the power-of-two thread count leaves the row's last vector step part idle and whole
-    warps split it evenly (exact_thread_counts: 1536, 2560, 3584, 5120, 7168 in 8-element
-    vectors), the fewest such warps with at most 2 vectors a thread serve it instead (448 x 2
-    instead of 512 x 1.75 at 7168)."""
+    RMSNorm with blocks of 512 threads or more (hidden above 4096) loads 1 row: two such blocks
+    share an SM only at <= 64 registers a thread, and 1 row took 263.8 and 293.3 us at hidden
+    7168 and 8192 against 305.6 and 329.3 with 4 (bench/results/h200-bwd-stages.log)."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
-    exact = exact_thread_counts(hidden, cfg.vec, 2)
-    if hidden % (cfg.threads * cfg.vec) and exact:  # the fewest whole warps that leave no lane idle
-        cfg = dataclasses.replace(cfg, threads=exact[0], rows=1)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
     t = int(func.attrs[ROWS_PER_PARTIAL_ATTR])
     limit = fused_register_limit(cfg.threads * cfg.rows, cap=96)
-    most = 1 if s == 1 and cfg.threads * cfg.rows > 256 else 2 if s == 2 or cfg.rows >= 8 else 4
+    most = 1 if s == 1 and cfg.threads * cfg.rows >= 512 else 2 if s == 2 or cfg.rows >= 8 else 4
     prefetch = next(u for u in (4, 2, 1)
                     if u <= most and t % u == 0
                     and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))

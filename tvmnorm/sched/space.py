@@ -10,9 +10,9 @@ is exactly that family: the shared row schedule of ``rows.py`` with each knob a
 model ranks them, and every decision is only a split factor or an annotation, so a record
 tuned at a static row count replays on the symbolic-row kernel.
 
-CUDA knobs: threads per row (4..1024; in the structural variants also the warp multiples that
-split the row evenly, e.g. 448 x 2 vectors of 8 at hidden 7168), rows per block (1..16), vector width (elements per
-thread per access, up to 16 bytes, only widths that divide the row: TE's rule
+CUDA knobs: threads per row (4..1024; in the fused dx variants also the warp multiples that
+split the row evenly, e.g. 448 x 2 or 896 x 1 vectors of 8 at hidden 7168), rows per block
+(1..16), vector width (elements per thread per access, up to 16 bytes, only widths that divide the row: TE's rule
 hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because predicated tails
 handle the rest), unroll depth, and whether the row of x is kept in registers for every stage
 (read from memory once) or loaded again by each (``fwd_kept_variants``: structural variants, as the
@@ -74,23 +74,22 @@ def exact_thread_counts(hidden: int, vec: int, most: int) -> list:
     hidden * size % (threads * bytes) == 0, for rows whose vector count is not a power of two
     times 1..most. A row of 7168 is 896 vectors of 8: 256 or 512 threads leave a quarter of the
     last step's lanes idle (and a predicate on every access), 224, 448 or 896 threads none. TVM's
-    cross-thread allreduce takes any whole number of warps (it pads its second, per-warp stage)."""
+    cross-thread allreduce takes any whole number of warps (it pads its second, per-warp stage).
+    They join the powers of two in the fused dx variants, not replace them: on the H200 (bf16,
+    16384 tokens, bench/results/h200-dx-even-split.log) the default's dx with 448 x 2 took 407.4
+    us against 379.1 with 512 x 1.75 at layernorm 7168 (339.3 vs 314.4 at 5120, 186.8 vs 171.6
+    with 224 vs 256 threads at 3584), and 253.8 vs 263.6 at rmsnorm 7168: fewer warps keep fewer
+    bytes in flight, which costs more than the idle lanes. In the forward's kept-row variants
+    they were no faster than the powers of two (bench/results/h200-fwd-probe-2.log)."""
     if hidden % vec:
         return []
     vectors = hidden // vec
     return [t for t in range(96, 1025, 32) if t & (t - 1) and vectors % t == 0 and vectors // t <= most]
 
 
-def _row_thread_counts(key: NormKey, vec: int, most: int) -> list:
-    """Thread counts of a structural variant with ``vec``-element vectors: cuda_thread_choices
-    and exact_thread_counts that give a thread 1 to ``most`` vectors, pruned to those that split the row evenly where any do (the rule
-    that the issue names; a count that leaves the last step part idle does the same number of
-    steps with idle lanes). Rows no count splits (odd hidden sizes) keep every count, with
-    predicated tails."""
-    h = key.hidden_size
-    counts = [t for t in sorted(set(cuda_thread_choices(key)) | set(exact_thread_counts(h, vec, most)))
-              if 1 <= -(-h // (t * vec)) <= most]
-    return [t for t in counts if h % (t * vec) == 0] or counts
+def _fused_thread_counts(key: NormKey, vec: int) -> list:
+    """cuda_thread_choices and the exact warp multiples of ``vec``-element vectors."""
+    return sorted(set(cuda_thread_choices(key)) | set(exact_thread_counts(key.hidden_size, vec, FUSED_VECTORS)))
 
 
 def _categorical(sch, choices):
@@ -164,15 +163,15 @@ def fused_cuda_variants(key: NormKey) -> list:
     """(threads, vec, prefetch, stages) of the fused dx kernel: the two widest vector widths,
     thread counts (powers of two, and the warp multiples that split the row evenly:
     exact_thread_counts) that give every thread 1 to FUSED_VECTORS vectors of the row (and a
-    block of them within 1024 threads), rows loaded per group and groups in flight such that the sums and the rows
-    fit the register limit (prefetch dividing every chunk size the tuner applies the space to,
+    block of them within 1024 threads), rows loaded per group and groups in flight such that the
+    sums and the rows fit the register limit (prefetch dividing every chunk size the tuner applies the space to,
     CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages`` groups)."""
     s = 2 if key.norm == "layernorm" else 1
     h = key.hidden_size
     size = DTYPE_BYTES[key.itype]
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
-        for threads in _row_thread_counts(key, vec, FUSED_VECTORS):
+        for threads in _fused_thread_counts(key, vec):
             vectors = -(-h // (threads * vec))
             if not (1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec)):
                 continue
@@ -194,13 +193,13 @@ FWD_KEPT_VECTORS = 8
 
 def fwd_kept_variants(key: NormKey) -> list:
     """(threads, vec) of the forward that keeps its row of x in registers: the two widest vector
-    widths, and thread counts (powers of two and exact_thread_counts) that give every thread 1 to
-    FWD_KEPT_VECTORS vectors of the row and leave none without one (with idle threads, layernorm at hidden 1 failed to build: TVM
+    widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors of the row
+    and leave none without one (with idle threads, layernorm at hidden 1 failed to build: TVM
     mixed int32 and int64 bounds)."""
     h = key.hidden_size
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
-        for threads in _row_thread_counts(key, vec, FWD_KEPT_VECTORS):
+        for threads in cuda_thread_choices(key):
             vectors = -(-h // (threads * vec))
             if 1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h:
                 out.append((threads, vec))
