@@ -450,6 +450,49 @@ def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):
     assert data["target"] == "cuda" and set(data["records"]) == {"0x1", "0x3", "0x10", "0x20"}
 
 
+def test_merge_takes_only_what_each_job_changed(tmp_path):
+    """accept records what a job changed against the records it started from; merge takes
+    only that, so a job's copies of records it did not touch cannot overwrite records that the
+    committed set gained after the job started (the eighth lease's verify merge put 17
+    superseded records back into its library that way)."""
+    from tvmnorm.tune import accept_changes, merge_accepted
+    start = {1: {"key": "a", "parts": 1}, 2: {"key": "b", "parts": 1}, 3: {"key": "c", "parts": 1}}
+    job_fwd = {**start, 1: {"key": "a", "parts": 2}}           # retuned a
+    job_bwd = {1: start[1], 3: start[3], 4: {"key": "d"}}       # dropped b, added d
+    assert accept_changes(start, job_fwd) == {"records": ["0x1"], "dropped": []}
+    assert accept_changes(start, job_bwd) == {"records": ["0x4"], "dropped": ["0x2"]}
+    hexed = [{f"{k:#x}": v for k, v in job.items()} for job in (job_fwd, job_bwd)]
+    runs = [(job, accept_changes(start, orig)) for job, orig in zip(hexed, (job_fwd, job_bwd))]
+    # the committed records already hold both jobs' results, and c was retuned since
+    committed = {"0x1": {"key": "a", "parts": 2}, "0x3": {"key": "c", "parts": 5}, "0x4": {"key": "d"}}
+    records, _ = merge_accepted(committed, runs)
+    assert records == committed
+    # the older rule (whole records, no changes) would have put c's superseded record back
+    assert merge_accepted(committed, [job for job, _ in runs])[0]["0x3"] == {"key": "c", "parts": 1}
+    # the command line: changes are read from the accept output
+    paths = []
+    for name, data in (("committed", {"records": committed}),
+                       ("fwd", {"records": hexed[0], "changes": runs[0][1]}),
+                       ("bwd", {"records": hexed[1], "changes": runs[1][1]})):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, "-m", "tvmnorm.tune", "merge", *map(str, paths), "--out", str(out)],
+                   capture_output=True, text=True, check=True)
+    assert json.loads(out.read_text())["records"] == committed
+    # accept writes the changes: here a retuned record that beat the default
+    key = NormKey(hidden_size=1024)
+    bench = {"records": [{"op": "rmsnorm_fwd", "dtype": "bf16", "hidden": 1024, "rows": 16384, "impl": impl,
+                          "us": us, "status": "ok"} for impl, us in (("tvmnorm_tuned", 9.0), ("tvmnorm_default", 12.0))]}
+    files = {name: tmp_path / f"{name}.json" for name in ("tuned", "bench", "started", "accepted")}
+    files["tuned"].write_text(json.dumps({"records": {f"{key.pack():#x}": {"key": key.name, "parts": "new"}}}))
+    files["started"].write_text(json.dumps({"records": {f"{key.pack():#x}": {"key": key.name, "parts": "old"}}}))
+    files["bench"].write_text(json.dumps(bench))
+    subprocess.run([sys.executable, "-m", "tvmnorm.tune", "accept", *(str(files[n]) for n in ("tuned", "bench", "accepted")),
+                    "--accepted", str(files["started"])], capture_output=True, text=True, check=True)
+    assert json.loads(files["accepted"].read_text())["changes"] == {"records": [f"{key.pack():#x}"], "dropped": []}
+
+
 def test_tune_batch_stops_when_only_the_defaults_could_be_timed(tmp_path, monkeypatch):
     """seed_candidates builds and times each task's default first; a session in which no sampled
     candidate builds (a broken space or toolchain) must still stop the run, not ship defaults."""

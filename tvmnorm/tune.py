@@ -601,22 +601,45 @@ def accept_main(argv=None) -> int:
         what = "kept the committed record" if packed in kept else "dropped"
         print(f"{what} {records[packed]['key']}: {why}")
     data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
+    if accepted is not None:
+        data["changes"] = accept_changes(accepted, kept)
     pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
     print(f"kept {len(kept)} of {len(records)} records -> {args.out}")
     return 0
 
 
+def accept_changes(started: dict, kept: dict) -> dict:
+    """What one job's accept changed against the records it started from (``--accepted``):
+    packed keys (hex) whose record it replaced or added, and those it dropped. merge_accepted
+    takes only these from a job, so a job's copies of records it did not touch never overwrite
+    newer ones."""
+    def same(a, b):
+        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    return {"records": [f"{k:#x}" for k in sorted(kept) if not same(kept[k], started.get(k))],
+            "dropped": [f"{k:#x}" for k in sorted(started) if k not in kept]}
+
+
 def merge_accepted(committed: dict, accepted_runs: list) -> tuple:
-    """One record set from several tune jobs' ``accept`` outputs, each of which is the committed
-    records plus that job's accepted ones, less what its benchmark dropped. A committed record
-    that any job dropped (it lost to the default, or failed the refcheck, in that job's run)
-    stays out, though the other jobs, which did not benchmark its key, still carry it. Returns
-    (records, dropped: the committed keys left out)."""
+    """One record set from several tune jobs' ``accept`` outputs, each of which is the records
+    the job started from plus its accepted ones, less what its benchmark dropped. A run is the
+    output's records, or (records, changes) with what the job changed (accept_changes): then
+    only those records are taken, which matters when the committed records moved on after the
+    job started (the eighth lease merged two jobs' outputs into records that already held both
+    jobs' results, and each job's copies of the other's keys, which it had started from, put
+    17 superseded records back). A committed record that any job dropped (it lost to the
+    default, or failed the refcheck, in that job's run) stays out, though the other jobs,
+    which did not benchmark its key, still carry it. Returns (records, dropped: the committed
+    keys left out)."""
     dropped = set()
     found = {}
-    for accepted in accepted_runs:
-        dropped |= set(committed) - set(accepted)
-        found.update({k: v for k, v in accepted.items() if committed.get(k) != v})
+    for run in accepted_runs:
+        accepted, changes = run if isinstance(run, tuple) else (run, None)
+        if changes is None:  # an output written before accept recorded its changes
+            dropped |= set(committed) - set(accepted)
+            found.update({k: v for k, v in accepted.items() if committed.get(k) != v})
+        else:
+            dropped |= set(changes["dropped"]) & set(committed)
+            found.update({k: accepted[k] for k in changes["records"]})
     records = {k: v for k, v in committed.items() if k not in dropped}
     records.update(found)
     return records, dropped - set(found)
@@ -632,7 +655,7 @@ def merge_main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     data = json.loads(pathlib.Path(args.committed).read_text())
-    runs = [json.loads(pathlib.Path(p).read_text())["records"] for p in args.accepted]
+    runs = [(d["records"], d.get("changes")) for d in (json.loads(pathlib.Path(p).read_text()) for p in args.accepted)]
     committed = data["records"]
     data["records"], dropped = merge_accepted(committed, runs)
     for k in sorted(dropped):
