@@ -682,6 +682,31 @@ def test_a_record_with_another_chunk_size_serves_right_results(tmp_path, chunk, 
         check_outputs(key, inputs, call(k, inputs, rows), f"T={chunk} rows={rows} seed={seed}")
 
 
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_a_tuned_forward_serves_small_calls_with_the_default_kernel(tmp_path, norm, rng, seed):
+    """A library holds, beside each tuned forward, the default schedule's kernel, and serves
+    calls of at most SMALL_CALL_BYTES of x with it (records are tuned at training rows; the
+    default was faster at decode rows on the H200): both right, each on its side of the bound."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.runtime import SMALL_CALL_BYTES
+    key = NormKey(norm=norm, itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    (sch,) = space_fn(key, "llvm")(Schedule(tuning_func(key, "fwd", 256, "llvm")))
+    trace = json.loads(json.dumps(sch.trace.simplified(remove_postproc=True).as_json(), default=lambda o: o.value))
+    bwd = NormKey(norm=norm, stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    manifest = build_library([key, bwd], "llvm", tmp_path / "lib", log=lambda *_: None,
+                             records={key.pack(): {"key": key.name, "parts": {"fwd": trace}, "trials": 1}})
+    assert f"{key.name}_small_fwd" in manifest["kernels"][0]["symbols"]
+    assert not any("small" in s for s in manifest["kernels"][1]["symbols"])  # a default: nothing to add
+    reg = Registry()
+    reg.set_library("llvm", tmp_path / "lib")
+    k = reg.get(key, "llvm")
+    bound = SMALL_CALL_BYTES // (384 * 4)  # rows of fp32 x at the bound
+    assert k.tuned and k.forward_for(bound) is k._small["fwd"] and k.forward_for(bound + 1) is k._f["fwd"]
+    for rows in (1, 3, bound, bound + 1):
+        inputs = make_inputs(key, rows, rng)
+        check_outputs(key, inputs, call(k, inputs, rows), f"{norm} rows={rows} seed={seed}")
+
+
 def test_cost_model_trains_with_few_threads(monkeypatch):
     """XGBoost trains on tens of candidates: with a thread per core of a busy host it was 37x
     slower here (300 rounds, 32 threads on 2 loaded cores: 18 s, 2 threads: 0.5 s)."""

@@ -1098,20 +1098,53 @@ def compare(old_path, new_path, fail_below=None, log=print) -> int:
     return 0
 
 
-def merge(paths) -> dict:
-    """Combine bench files of one device (e.g. one process per op) into one result."""
+def merge(paths, records: dict | None = None) -> dict:
+    """Combine bench files of one device (e.g. one process per op) into one result. Each row
+    names its file (``run``: an index into meta.merged_from).
+
+    With ``records`` (a schedules file's records, packed key -> record), the result holds the
+    measurements of those records: each case (op, dtype, hidden, rows) comes from the last file
+    whose library ran the key's record (the fingerprint its meta.library.records keeps; a file
+    that does not say counts), all implementations measured in that run, and the ones that run
+    lacks (torch.compile, which a tune job's benchmark leaves out) from the last other file that
+    has them. A case no such file measured keeps its other implementations and no tuned row."""
+    from .build import record_fingerprint
     parts = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     if not parts:
         raise SystemExit("--merge needs at least one file")
     meta = dict(parts[0]["meta"])
     meta["merged_from"] = [{"file": str(p), "command_line": q["meta"].get("command_line"),
-                            "copy_gbps": q["meta"].get("copy_gbps"), "timestamp": q["meta"].get("timestamp")}
+                            "copy_gbps": q["meta"].get("copy_gbps"), "timestamp": q["meta"].get("timestamp"),
+                            "tvmnorm_source_hash": q["meta"].get("tvmnorm_source_hash")}
                            for p, q in zip(paths, parts)]
     devices = {q["meta"].get("device") for q in parts}
     if len(devices) > 1:
         raise SystemExit(f"refusing to merge runs from different devices: {devices}")
-    records = [r for q in parts for r in q["records"]]
-    return {"meta": meta, "records": records}
+    rows = [dict(r, run=i) for i, q in enumerate(parts) for r in q["records"]]
+    if records is None:
+        return {"meta": meta, "records": rows}
+    wanted = {int(k, 16) if isinstance(k, str) else k: record_fingerprint(v) for k, v in records.items()}
+
+    def ran_the_record(r) -> bool:
+        q = parts[r["run"]]
+        key = Case(r["op"], r["dtype"], r["hidden"], r["rows"], 0, "", "", "",
+                   q["meta"].get("fp8_format") or "fp8e4m3").key().pack()
+        ran = ((q["meta"].get("library") or {}).get("records") or {})
+        return str(key) not in ran or ran[str(key)] == wanted.get(key)
+    cases = {}
+    for r in rows:
+        cases.setdefault((r["op"], r["dtype"], r["hidden"], r["rows"]), []).append(r)
+    out = []
+    for case_rows in cases.values():
+        homes = [r["run"] for r in case_rows if r["impl"] == "tvmnorm_tuned" and ran_the_record(r)]
+        home = max(homes) if homes else None
+        picked = {}
+        # the home run last, so its measurements win; among the others a later file's
+        for r in sorted(case_rows, key=lambda r: (r["run"] == home, r["run"])):
+            if r["impl"] != "tvmnorm_tuned" or r["run"] == home:
+                picked[r["impl"]] = r
+        out += picked.values()
+    return {"meta": meta, "records": out}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1154,6 +1187,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="with --compare: exit 1 if any speedup is below this")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                    help="merge bench files (one device) into --out/NAME.json with table, CSV and plots")
+    p.add_argument("--records", default=None, metavar="SCHEDULES.json",
+                   help="with --merge: keep each case's measurements from a run whose library ran this file's "
+                        "record of its key (bench.merge)")
 
 
 def bench_main(args) -> int:
@@ -1163,7 +1199,8 @@ def bench_main(args) -> int:
             raise SystemExit(rc)
         return 0
     if args.merge:
-        result = merge(args.merge)
+        records = json.loads(pathlib.Path(args.records).read_text())["records"] if args.records else None
+        result = merge(args.merge, records)
     else:
         result = run(args)
     validate(result)

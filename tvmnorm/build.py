@@ -72,6 +72,15 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     return out
 
 
+def small_call_funcs(key: NormKey, kind: str) -> dict:
+    """The default schedule's forward kernel of a tuned key, under the symbol
+    ``<key>_small_fwd``: the library serves calls of at most runtime.SMALL_CALL_BYTES of x
+    with it (records are tuned at training rows; see runtime.SMALL_CALL_BYTES)."""
+    name = f"{key.name}_fwd"
+    func = scheduled_funcs(key, kind)[name]
+    return {f"{key.name}_small_fwd": func.with_attr("global_symbol", f"{key.name}_small_fwd")}
+
+
 def record_fingerprint(record: dict | None) -> str | None:
     """What identifies a tuned record's kernel (its traces and T): the manifest keeps it, so a
     benchmark of a library says which records it measured (tune accept --previous)."""
@@ -138,6 +147,8 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
     for key in keys:
         rec = records.get(key.pack())
         kfuncs = scheduled_funcs(key, kind, rec)
+        if rec and key.stage == "fwd":
+            kfuncs.update(small_call_funcs(key, kind))
         funcs.update(kfuncs)
         entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
                         "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,

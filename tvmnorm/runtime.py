@@ -29,7 +29,7 @@ import threading
 import warnings
 
 from .build import LIBRARY, MANIFEST, compile_funcs, file_sha256, scheduled_funcs, source_hash
-from .key import TVM_DTYPE, NormKey
+from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, target_name
 
 FALLBACK_MESSAGE = ("Falling back to general normalization kernel because no tuned kernel is available "
@@ -100,16 +100,35 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
     return out
 
 
+# A tuned library serves forward calls of at most this many bytes of x (decode: 1-256 tokens,
+# up to 4 MiB at hidden 8192 in bf16; QK-norm's 8192 rows of 128, 2 MiB) with the default
+# schedule's kernel, which it holds beside the tuned one (build.small_call_funcs); the smallest
+# training call of the catalog is 16 MiB. Records are tuned at training rows, and at decode rows
+# the default, which keeps its row in registers with at most 8 vectors a thread, was the faster
+# of the two: on the H200 (bench/results/h200-tuned.json, eighth lease, 60 decode cells with
+# both) 3.5% faster on average, >2% faster in 35, >2% slower in 7 (at most 0.4 us), and never
+# behind the best of torch eager and Liger, where the tuned records were in 4 cells.
+SMALL_CALL_BYTES = 4 << 20
+
+
 class NormKernel:
-    """One key's kernel: a callable over DLPack arrays, see the module docstring."""
+    """One key's kernel: a callable over DLPack arrays, see the module docstring. ``small``
+    (part -> callable) serves forward calls of at most SMALL_CALL_BYTES of x."""
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
-                 chunk_rows: int | None = None):
+                 chunk_rows: int | None = None, small: dict | None = None):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
         self.signature = signature(key)
         self._f = funcs  # part -> callable
+        self._small = small or {}
         self._ctype = TVM_DTYPE[key.ctype]
+
+    def forward_for(self, rows: int):
+        """The forward kernel a call of ``rows`` rows runs: the small-call one at most
+        SMALL_CALL_BYTES of x, where the library holds one."""
+        small = rows * self.key.hidden_size * DTYPE_BYTES[self.key.itype] <= SMALL_CALL_BYTES
+        return self._small["fwd"] if small and "fwd" in self._small else self._f["fwd"]
 
     def __repr__(self):
         return f"NormKernel({self.key.norm} {self.key.stage} {self.key.describe()}, {self.kind}, {self.origin})"
@@ -130,14 +149,15 @@ class NormKernel:
         launch = rows > 0 or self.kind != "cuda"  # CUDA rejects an empty grid
         names = [n for n in self.signature if n != "amax"]
         args = [a[n] for n in names]
+        fwd = self.forward_for(rows)
         if self.key.fp8_out:
             from .compute.norms import amax_partials
             amax_row = _alloc(a["x"], (rows,), "float32")
             if launch:
-                self._f["fwd"](*args, amax_row, float(eps))
+                fwd(*args, amax_row, float(eps))
             self._f["amax"](amax_row, _alloc(a["x"], (amax_partials(rows),), "float32"), a["amax"])
         elif launch:
-            self._f["fwd"](*args, float(eps))
+            fwd(*args, float(eps))
 
     def _bwd(self, a, rows):
         ln = self.key.norm == "layernorm"
@@ -162,10 +182,10 @@ class NormKernel:
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
-def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None):
+def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None, small=False):
     from .compute.norms import parts_of
     return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
-                      chunk_rows)
+                      chunk_rows, {"fwd": mod[f"{prefix}_small_fwd"]} if small else None)
 
 
 def _elf_problem(path) -> str | None:
@@ -239,7 +259,7 @@ class TunedLibrary:
         # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
         return _kernel_from_module(key, self.manifest["target"], self.module, key.name,
                                    entry["origin"] == "tuned", f"library:{entry['origin']}",
-                                   entry.get("rows_per_partial"))
+                                   entry.get("rows_per_partial"), f"{key.name}_small_fwd" in entry.get("symbols", ()))
 
 
 def default_library_path(kind: str) -> pathlib.Path:
