@@ -169,6 +169,42 @@ def test_merge(run_dir, tmp_path):
     assert len(merged["meta"]["merged_from"]) == 2
 
 
+def test_merge_keeps_the_measurements_of_the_committed_records(run_dir, tmp_path):
+    """merge(records=): each case's rows come from the last run whose library ran the committed
+    record of its key (all impls of that run), impls that run lacks from another run, and a
+    tuned row of another record is left out."""
+    from tvmnorm.build import record_fingerprint
+    base = json.loads((run_dir / "t.json").read_text())
+    case = ("rmsnorm_fwd", "bf16", 64, 7)
+    key = bench.Case(*case, 7, "tokens", "", "").key().pack()
+    committed = {"parts": {"fwd": "the committed trace"}}
+    other = {"parts": {"fwd": "a superseded trace"}}
+
+    def run(name, record, us, extra_impl=None):
+        data = copy.deepcopy(base)
+        data["meta"]["library"] = {"records": {str(key): record_fingerprint(record)}}
+        rows = [r for r in data["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == case]
+        default = next(r for r in rows if r["impl"] == "tvmnorm_default")
+        data["records"].remove(next(r for r in rows if r["impl"] == "tvmnorm_tuned"))
+        data["records"].append(dict(default, impl="tvmnorm_tuned", us=us))
+        next(r for r in rows if r["impl"] == "torch_eager")["us"] = 10 * us
+        if extra_impl:
+            data["records"].append(dict(default, impl=extra_impl, us=5.0))
+        (tmp_path / name).write_text(json.dumps(data))
+        return str(tmp_path / name)
+    paths = [run("a.json", committed, 1.0, extra_impl="torch_compile"), run("b.json", committed, 2.0),
+             run("c.json", other, 0.5)]
+    merged = bench.merge(paths, {f"{key:#x}": committed})
+    bench.validate(merged)
+    got = {r["impl"]: r for r in merged["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == case}
+    assert got["tvmnorm_tuned"]["us"] == 2.0 and got["tvmnorm_tuned"]["run"] == 1  # b: the last to run it
+    assert got["torch_eager"]["us"] == 20.0 and got["torch_compile"]["run"] == 0  # b's peers; a's compile
+    n = len([r for r in merged["records"]])
+    assert n == len({(r["op"], r["dtype"], r["hidden"], r["rows"], r["impl"]) for r in merged["records"]})
+    # without records every row of every file stays, each naming its file
+    assert len(bench.merge(paths)["records"]) == 3 * len(base["records"]) + 1
+
+
 def test_host_lock_keeps_timing_apart_from_setup(tmp_path):
     """Setups share the lock; timing waits for every setup (and timing) of other processes."""
     import threading
