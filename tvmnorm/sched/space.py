@@ -12,9 +12,9 @@ tuned at a static row count replays on the symbolic-row kernel.
 
 CUDA knobs: threads per row (4..1024; in the fused dx variants also the warp multiples that
 split the row evenly, e.g. 448 x 2 or 896 x 1 vectors of 8 at hidden 7168), rows per block
-(1..16), vector width (elements per thread per access, up to 16 bytes, only widths that divide the row: TE's rule
-hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because predicated tails
-handle the rest), unroll depth, and whether the row of x is kept in registers for every stage
+(1..16), vector width (elements per thread per access, up to 16 bytes, only widths that divide
+the row: TE's rule hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because
+predicated tails handle the rest), unroll depth, and whether the row of x is kept in registers for every stage
 (read from memory once) or loaded again by each (``fwd_kept_variants``: structural variants, as the
 register layout depends on threads and vec). (Staging the row in shared memory was tried: see
 design_spaces.)
@@ -140,9 +140,9 @@ PREFETCH = (1, 2, 4, 8)
 # rows a group: 1.05-1.3x slower); so only groups of 1-2 rows are pipelined, and the register
 # limit counts every group in flight.
 STAGES = (1, 2, 3)
-# Vectors of the row one thread of a fused variant handles (each also keeps a running sum per element).
-FUSED_VECTORS = 4
 PIPELINED_PREFETCH = (1, 2)
+# Vectors of the row one thread of a fused variant handles (it keeps a running sum per element).
+FUSED_VECTORS = 4
 
 
 def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int, stages: int = 1) -> int:
@@ -164,8 +164,8 @@ def fused_cuda_variants(key: NormKey) -> list:
     thread counts (powers of two, and the warp multiples that split the row evenly:
     exact_thread_counts) that give every thread 1 to FUSED_VECTORS vectors of the row (and a
     block of them within 1024 threads), rows loaded per group and groups in flight such that the
-    sums and the rows fit the register limit (prefetch dividing every chunk size the tuner applies the space to,
-    CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages`` groups)."""
+    sums and the rows fit the register limit (prefetch dividing every chunk size the tuner
+    applies the space to, CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages`` groups)."""
     s = 2 if key.norm == "layernorm" else 1
     h = key.hidden_size
     size = DTYPE_BYTES[key.itype]
