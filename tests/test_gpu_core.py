@@ -197,3 +197,37 @@ def test_cuda_fwd_kept_row(norm, dtype, otype, hidden, threads, vec, rows, rng, 
     cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
     kernel = _row_variant_kernel(key, cfg)
     run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.fixture(scope="module")
+def small_call_library(tmp_path_factory):
+    """A CUDA library (nvcc, as `tvmnorm build` makes it) of two forward keys with their
+    committed H200 records: each holds the tuned kernel and the default's small-call one."""
+    from tvmnorm.build import build_library
+    from tvmnorm.runtime import Registry
+    from tvmnorm.tune import load_records
+    keys = [NormKey(norm="rmsnorm", hidden_size=4096),
+            NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024)]
+    records = load_records("cuda")
+    assert all(k.pack() in records for k in keys), "the committed schedules lack a record these tests use"
+    out = tmp_path_factory.mktemp("small-call") / "cuda"
+    build_library(keys, "cuda", out, records={k.pack(): records[k.pack()] for k in keys}, log=lambda *_: None)
+    reg = Registry()
+    reg.set_library("cuda", out)
+    return reg, keys
+
+
+@pytest.mark.parametrize("which", (0, 1))
+def test_cuda_library_serves_small_calls_with_the_default_kernel(small_call_library, which, rng, seed):
+    """Through a built library: calls of at most SMALL_CALL_BYTES of x run the default's kernel,
+    larger ones the tuned one, both right against float64 on either side of the bound (fp8 output
+    with its amax included)."""
+    from tvmnorm.key import DTYPE_BYTES
+    from tvmnorm.runtime import SMALL_CALL_BYTES
+    reg, keys = small_call_library
+    key = keys[which]
+    kernel = reg.get(key, "cuda")
+    bound = SMALL_CALL_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype])
+    assert kernel.tuned and kernel.forward_for(bound) is not kernel.forward_for(bound + 1)
+    for rows in (1, bound, bound + 1, 4 * bound + 1):
+        run_and_check(lambda _: kernel, key, rows, rng, seed)
