@@ -52,14 +52,13 @@ def dx_variant(key, threads: int, prefetch: int, stages: int):
     ``prefetch`` rows loaded per group and ``stages`` groups in flight (sched.rows._cuda_pipeline;
     0: the default's), compiled on its own."""
     import dataclasses
-    from tvmnorm.build import compile_funcs, scheduled_funcs
     from tvmnorm.compute import kernel_funcs
+    from tvmnorm.runtime import variant_kernel
     from tvmnorm.sched.default import fused_cuda_heuristic
     cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
     cfg = dataclasses.replace(cfg, threads=threads or cfg.threads, prefetch=prefetch or cfg.prefetch,
                               stages=stages or cfg.stages)
-    name = f"{key.name}_dx"
-    return compile_funcs({name: scheduled_funcs(key, "cuda", row_config=cfg)[name]}, "cuda").mod[name], cfg
+    return variant_kernel(key, "cuda", cfg)._f["dx"], cfg
 
 
 def rel_err(got, want) -> float:

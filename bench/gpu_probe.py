@@ -23,9 +23,8 @@ import torch
 
 from tvmnorm import NormKey
 from tvmnorm.bench import Timer, copy_roofline
-from tvmnorm.build import compile_funcs, scheduled_funcs
 from tvmnorm.reference import fwd as reference_fwd
-from tvmnorm.runtime import REGISTRY
+from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.space import fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
@@ -54,8 +53,7 @@ def points(key: NormKey) -> dict:
 
 
 def point_kernel(key: NormKey, cfg):
-    name = f"{key.name}_fwd"
-    return compile_funcs({name: scheduled_funcs(key, "cuda", row_config=cfg)[name]}, "cuda").mod[name]
+    return variant_kernel(key, "cuda", cfg)._f["fwd"]
 
 
 def measure(norm: str, h: int, ceiling: float, deadline: float) -> dict:

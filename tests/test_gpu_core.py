@@ -13,6 +13,7 @@ import torch
 from conftest import KernelCache, call, check_outputs, make_inputs
 from conftest import run_and_check as check_on
 from tvmnorm.key import NormKey
+from tvmnorm.runtime import variant_kernel
 
 
 def _cuda_missing() -> str:
@@ -157,15 +158,6 @@ def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, 
     run_and_check(cuda_kernels, key, rows, rng, seed)
 
 
-def _row_variant_kernel(key: NormKey, cfg):
-    """The key's kernels with its row kernel (fwd or dx) scheduled by ``cfg`` (a point of the
-    tuned space) instead of the default rule, compiled with NVRTC."""
-    from tvmnorm.build import compile_funcs, scheduled_funcs
-    from tvmnorm.runtime import _kernel_from_module
-    mod = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg), "cuda").mod
-    return _kernel_from_module(key, "cuda", mod, key.name, False, "variant", 32)
-
-
 @pytest.mark.parametrize("rows", (31, 4097))
 @pytest.mark.parametrize("norm,dtype,hidden,threads,vec,prefetch,stages", [
     ("layernorm", "bf16", 8192, 512, 8, 1, 2), ("rmsnorm", "bf16", 7168, 256, 8, 1, 3),
@@ -179,7 +171,7 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
     cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, prefetch=prefetch, stages=stages)
-    kernel = _row_variant_kernel(key, cfg)
+    kernel = variant_kernel(key, "cuda", cfg)
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
@@ -195,7 +187,7 @@ def test_cuda_fwd_kept_row(norm, dtype, otype, hidden, threads, vec, rows, rng, 
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage="fwd", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
     cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
-    kernel = _row_variant_kernel(key, cfg)
+    kernel = variant_kernel(key, "cuda", cfg)
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 

@@ -278,3 +278,17 @@ def test_truncated_library_with_matching_sha_is_refused_not_loaded(library_copy,
                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert res.returncode == 0, f"crashed with {res.returncode}: {res.stderr[-2000:]}"
     assert res.stdout.startswith("REFUSED") and "truncated" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("stage", ["fwd", "bwd"])
+def test_variant_kernel_runs_a_point_of_the_space(stage, rng, seed):
+    """variant_kernel compiles a key with its row kernel at a given point of the tuned space (what
+    the GPU tests and bench probes check and time): right against float64, with odd rows."""
+    from tvmnorm.runtime import variant_kernel
+    from tvmnorm.sched.rows import CpuRowConfig
+    key = NormKey(norm="layernorm", stage=stage, itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000)
+    kernel = variant_kernel(key, "llvm", CpuRowConfig(vec=8, rows=2, acc=1, unroll=1))
+    assert kernel.origin == "variant" and not kernel.tuned
+    for rows in (1, 37):
+        inputs = make_inputs(key, rows, rng)
+        check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} rows={rows} seed={seed}")

@@ -28,7 +28,7 @@ import pathlib
 import threading
 import warnings
 
-from .build import LIBRARY, MANIFEST, compile_funcs, file_sha256, scheduled_funcs, source_hash
+from .build import LIBRARY, MANIFEST, chunk_rows_of, compile_funcs, file_sha256, scheduled_funcs, source_hash
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, target_name
 
@@ -186,6 +186,16 @@ def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None, 
     from .compute.norms import parts_of
     return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
                       chunk_rows, {"fwd": mod[f"{prefix}_small_fwd"]} if small else None)
+
+
+def variant_kernel(key: NormKey, kind: str, row_config) -> NormKernel:
+    """The key's kernels with its row kernel (fwd, or the backward's dx) scheduled by
+    ``row_config`` (a CudaRowConfig or CpuRowConfig: a point of the tuned space) instead of the
+    default rule, compiled in this process: the GPU tests and the bench probes check and time
+    such points."""
+    funcs = scheduled_funcs(key, kind, row_config=row_config)
+    return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, key.name, False, "variant",
+                               chunk_rows_of(funcs))
 
 
 def _elf_problem(path) -> str | None:
