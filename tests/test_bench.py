@@ -193,16 +193,19 @@ def test_merge_keeps_the_measurements_of_the_committed_records(run_dir, tmp_path
         (tmp_path / name).write_text(json.dumps(data))
         return str(tmp_path / name)
     paths = [run("a.json", committed, 1.0, extra_impl="torch_compile"), run("b.json", committed, 2.0),
-             run("c.json", other, 0.5)]
+             run("c.json", other, 0.5), str(run_dir / "t.json")]  # t: no library, the tuned cell "missing"
     merged = bench.merge(paths, {f"{key:#x}": committed})
     bench.validate(merged)
     got = {r["impl"]: r for r in merged["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == case}
     assert got["tvmnorm_tuned"]["us"] == 2.0 and got["tvmnorm_tuned"]["run"] == 1  # b: the last to run it
     assert got["torch_eager"]["us"] == 20.0 and got["torch_compile"]["run"] == 0  # b's peers; a's compile
+    # a case no run measured the record of keeps its other impls and no tuned row (t's is "missing")
+    lone = [r for r in merged["records"] if (r["op"], r["hidden"]) == ("layernorm_bwd", 200)]
+    assert lone and all(r["impl"] != "tvmnorm_tuned" and r["run"] == 3 for r in lone)
     n = len([r for r in merged["records"]])
     assert n == len({(r["op"], r["dtype"], r["hidden"], r["rows"], r["impl"]) for r in merged["records"]})
     # without records every row of every file stays, each naming its file
-    assert len(bench.merge(paths)["records"]) == 3 * len(base["records"]) + 1
+    assert len(bench.merge(paths)["records"]) == 4 * len(base["records"]) + 1
 
 
 def test_host_lock_keeps_timing_apart_from_setup(tmp_path):

@@ -1136,7 +1136,8 @@ def merge(paths, records: dict | None = None) -> dict:
         cases.setdefault((r["op"], r["dtype"], r["hidden"], r["rows"]), []).append(r)
     out = []
     for case_rows in cases.values():
-        homes = [r["run"] for r in case_rows if r["impl"] == "tvmnorm_tuned" and ran_the_record(r)]
+        homes = [r["run"] for r in case_rows if r["impl"] == "tvmnorm_tuned" and ran_the_record(r)
+                 and r["status"] not in ("missing", "skipped")]  # a run without the key says nothing
         home = max(homes) if homes else None
         picked = {}
         # the home run last, so its measurements win; among the others a later file's
