@@ -1098,6 +1098,12 @@ def compare(old_path, new_path, fail_below=None, log=print) -> int:
     return 0
 
 
+def record_key(r: dict, fp8_format: str | None = None) -> NormKey:
+    """The NormKey a bench record measured (``fp8_format``: its run's meta.fp8_format)."""
+    return Case(r["op"], r["dtype"], r["hidden"], r["rows"], r.get("tokens", r["rows"]), r.get("rows_kind", "tokens"),
+                r.get("model", ""), r.get("what", ""), fp8_format or "fp8e4m3").key()
+
+
 def merge(paths, records: dict | None = None) -> dict:
     """Combine bench files of one device (e.g. one process per op) into one result. Each row
     names its file (``run``: an index into meta.merged_from).
@@ -1127,8 +1133,7 @@ def merge(paths, records: dict | None = None) -> dict:
 
     def ran_the_record(r) -> bool:
         q = parts[r["run"]]
-        key = Case(r["op"], r["dtype"], r["hidden"], r["rows"], 0, "", "", "",
-                   q["meta"].get("fp8_format") or "fp8e4m3").key().pack()
+        key = record_key(r, q["meta"].get("fp8_format")).pack()
         ran = ((q["meta"].get("library") or {}).get("records") or {})
         return str(key) not in ran or ran[str(key)] == wanted.get(key)
     cases = {}

@@ -111,6 +111,12 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
 SMALL_CALL_BYTES = 4 << 20
 
 
+def is_small_call(key: NormKey, rows: int) -> bool:
+    """Whether a library serves a call of ``rows`` rows of ``key`` with the small-call kernel
+    (forward keys with a tuned record; at most SMALL_CALL_BYTES of x)."""
+    return key.stage == "fwd" and rows * key.hidden_size * DTYPE_BYTES[key.itype] <= SMALL_CALL_BYTES
+
+
 class NormKernel:
     """One key's kernel: a callable over DLPack arrays, see the module docstring. ``small``
     (part -> callable) serves forward calls of at most SMALL_CALL_BYTES of x."""
@@ -127,8 +133,7 @@ class NormKernel:
     def forward_for(self, rows: int):
         """The forward kernel a call of ``rows`` rows runs: the small-call one at most
         SMALL_CALL_BYTES of x, where the library holds one."""
-        small = rows * self.key.hidden_size * DTYPE_BYTES[self.key.itype] <= SMALL_CALL_BYTES
-        return self._small["fwd"] if small and "fwd" in self._small else self._f["fwd"]
+        return self._small["fwd"] if is_small_call(self.key, rows) and "fwd" in self._small else self._f["fwd"]
 
     def __repr__(self):
         return f"NormKernel({self.key.norm} {self.key.stage} {self.key.describe()}, {self.kind}, {self.origin})"

@@ -501,14 +501,16 @@ def tune_main(args, keys) -> None:
 
 
 def _bench_runs(bench: dict) -> dict:
-    """(packed key, rows) -> impl -> record, from a ``tvmnorm bench`` JSON."""
-    from .bench import Case
+    """(packed key, rows) -> impl -> record, from a ``tvmnorm bench`` JSON, less the calls a
+    library serves with its small-call kernel (runtime.is_small_call): they say nothing of a
+    tuned forward record."""
+    from .bench import record_key
+    from .runtime import is_small_call
     runs = {}
     for r in bench["records"]:
-        case = Case(op=r["op"], dtype=r["dtype"], hidden=r["hidden"], rows=r["rows"], tokens=r.get("tokens", r["rows"]),
-                    rows_kind=r.get("rows_kind", "tokens"), model=r.get("model", ""), what=r.get("what", ""),
-                    fp8_format=bench.get("meta", {}).get("fp8_format", "fp8e4m3"))
-        runs.setdefault((case.key().pack(), r["rows"]), {})[r["impl"]] = r
+        key = record_key(r, bench.get("meta", {}).get("fp8_format"))
+        if not is_small_call(key, r["rows"]):
+            runs.setdefault((key.pack(), r["rows"]), {})[r["impl"]] = r
     return runs
 
 
