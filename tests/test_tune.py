@@ -418,6 +418,14 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert kept == old and "slower than the default" in dropped[keys[7168].pack()]
     kept, dropped = accept_records(old, bench, accepted=old)
     assert not kept and "slower than the default" in dropped[keys[7168].pack()]
+    # ... unless earlier runs measured the committed record slower than this run's default too
+    # (the kept-row default of the eighth lease overtook records tuned against the earlier one)
+    new = {keys[7168].pack(): {"key": keys[7168].name, "parts": "new"}}
+    slow_old = [{"records": [rec(7168, "tvmnorm_tuned", 150.0)]}]
+    kept, dropped = accept_records(new, bench, accepted=old, previous=slow_old)
+    assert not kept and "so was the record it would replace (150.0 vs 120.3 us" in dropped[keys[7168].pack()]
+    kept, _ = accept_records(new, bench, accepted=old, previous=[{"records": [rec(7168, "tvmnorm_tuned", 121.0)]}])
+    assert kept == old
     # the same traces at another chunk size T are another kernel: a retune that lost keeps the old
     at16 = {keys[7168].pack(): {"key": keys[7168].name, "parts": "old", "rows_per_partial": 16}}
     kept, _ = accept_records({keys[7168].pack(): {**at16[keys[7168].pack()], "rows_per_partial": 32}}, bench,

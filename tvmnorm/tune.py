@@ -540,7 +540,8 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover stays only if
     ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
     A retuned record (its trace differs from the ``accepted`` one) that fails gives way to the
-    record it would replace, which stays in ``kept``; so does one that ran slower (beyond
+    record it would replace, which stays in ``kept`` unless ``previous`` measured it slower than
+    this run's default; so does one that ran slower (beyond
     ``slack``) than that record did in ``previous``, benchmarks of libraries that ran it
     (_previous_runs). In the fifth lease retuned bwd records measured faster than the committed
     ones in tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
@@ -569,11 +570,27 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
                 break
         if reason:
             dropped[packed] = reason
-            if retuned:
-                kept[packed] = before  # a retune that failed leaves the record it would replace
+            # a retune that failed leaves the record it would replace, unless that one, as earlier
+            # runs measured it, is slower than this run's default too
+            lost = _slower_than_default(before_runs, packed, seen, slack) if retuned else None
+            if retuned and lost is None:
+                kept[packed] = before
+            elif lost:
+                dropped[packed] += f"; so was the record it would replace ({lost})"
         else:
             kept[packed] = rec
     return kept, dropped
+
+
+def _slower_than_default(before_runs: dict, packed: int, seen: list, slack: float) -> str | None:
+    """Where an earlier run's measurement of a key's record (``before_runs``) is slower, beyond
+    ``slack``, than the default of this benchmark (``seen``: its rows -> impls), what it was."""
+    for rows, impls in seen:
+        was = before_runs.get((packed, rows), {}).get("tvmnorm_tuned", {})
+        default = impls.get("tvmnorm_default", {})
+        if was.get("status") == "ok" and default.get("status") == "ok" and was["us"] > default["us"] * (1 + slack):
+            return f"{was['us']:.1f} vs {default['us']:.1f} us at {rows} rows"
+    return None
 
 
 def accept_main(argv=None) -> int:
