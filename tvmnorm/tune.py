@@ -540,10 +540,10 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover stays only if
     ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
     A retuned record (its trace differs from the ``accepted`` one) that fails gives way to the
-    record it would replace, which stays in ``kept`` unless ``previous`` measured it slower than
-    this run's default; so does one that ran slower (beyond
+    record it would replace, which stays in ``kept``; so does one that ran slower (beyond
     ``slack``) than that record did in ``previous``, benchmarks of libraries that ran it
-    (_previous_runs). In the fifth lease retuned bwd records measured faster than the committed
+    (_previous_runs). The record it would replace is dropped too where ``previous`` measured it
+    slower than this run's default. In the fifth lease retuned bwd records measured faster than the committed
     ones in tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
     Returns (kept, dropped: packed key -> reason)."""
     from .build import record_fingerprint

@@ -169,8 +169,9 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     """
     sch = sch or Schedule(func)
     part = _part_block(sch)
-    # stages whose loops index registers held across stages: constant indices, fully unrolled
-    in_registers = part is not None or cfg.keep_row
+    # the row operands loaded once into registers that every stage reads: the stages' loops
+    # then index registers (constant indices, fully unrolled)
+    kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
     if part is None:
         anchor = _anchor(sch)
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
@@ -202,19 +203,18 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # loads and stores are `vec` wide; the fp32 math on them stays scalar per element
         # (NVRTC rejects float32x8 arithmetic) and is unrolled
         if two_d:
-            kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
             _vector_io(sch, blk, outer, skip=kept)
-        if in_registers:
+        if kept:
             # they index the row registers: constant indices, whatever `unroll`
             sch.unroll(outer)
             sch.unroll(v)
         else:
             sch.annotate(outer, "pragma_auto_unroll_max_step", cfg.unroll)
             sch.annotate(outer, "pragma_unroll_explicit", 1)
-    if part is None and cfg.keep_row:
-        _cuda_row_registers(sch, ty, cfg, FWD_ROW_OPERANDS, rows=False)
+    if part is None and kept:
+        _cuda_row_registers(sch, ty, cfg, kept, rows=False)
     if part is not None:
-        _cuda_row_registers(sch, group, cfg, ROW_OPERANDS, rows=True)
+        _cuda_row_registers(sch, group, cfg, kept, rows=True)
         _cuda_partials(sch, ty, cfg)
         if cfg.stages > 1:
             _cuda_pipeline(sch, group, cfg.stages)

@@ -14,10 +14,10 @@ CUDA knobs: threads per row (4..1024; in the fused dx variants also the warp mul
 split the row evenly, e.g. 448 x 2 or 896 x 1 vectors of 8 at hidden 7168), rows per block
 (1..16), vector width (elements per thread per access, up to 16 bytes, only widths that divide
 the row: TE's rule hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because
-predicated tails handle the rest), unroll depth, and whether the row of x is kept in registers for every stage
-(read from memory once) or loaded again by each (``fwd_kept_variants``: structural variants, as the
-register layout depends on threads and vec). (Staging the row in shared memory was tried: see
-design_spaces.)
+predicated tails handle the rest), unroll depth, and whether the row of x is kept in registers
+for every stage (read from memory once) or loaded again by each (``fwd_kept_variants``:
+structural variants, as the register layout depends on threads and vec). (Staging the row in
+shared memory was tried: see design_spaces.)
 Pruned here: thread counts that leave a thread no vector or more than 32 of them, vector widths
 that do not divide the row or exceed 16 bytes; VerifyGPUCode rejects the rest (more than 1024
 threads per block, too much shared memory). Several rows per block with multi-warp rows are
@@ -89,7 +89,8 @@ def exact_thread_counts(hidden: int, vec: int, most: int) -> list:
 
 def _fused_thread_counts(key: NormKey, vec: int) -> list:
     """cuda_thread_choices and the exact warp multiples of ``vec``-element vectors."""
-    return sorted(set(cuda_thread_choices(key)) | set(exact_thread_counts(key.hidden_size, vec, FUSED_VECTORS)))
+    exact = exact_thread_counts(key.hidden_size, vec, FUSED_VECTORS)
+    return sorted(set(cuda_thread_choices(key)) | set(exact))
 
 
 def _categorical(sch, choices):
