@@ -9,7 +9,9 @@ fraction of the copy ceiling of the same run.
 Points per key: the default rule's config (sched.default.fwd_cuda_heuristic) with keep_row as it
 sets it and flipped, the earlier rule (cuda_row_heuristic: x loaded by each stage), and every kept
 variant of the space (sched.space.fwd_kept_variants) with the rows per block cuda_row_heuristic
-gives its thread count. Writes probe.json.
+gives its thread count. With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
+config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
+alone, which with the library's whole call shows what the amax kernels cost. Writes probe.json.
 """
 from __future__ import annotations
 
@@ -38,52 +40,77 @@ def us(fn):
     return TIMER([fn])[0]
 
 
-def points(key: NormKey) -> dict:
-    """name -> CudaRowConfig: the default rule's, with keep_row flipped, the earlier rule's, and
-    the kept variants."""
+def points(key: NormKey, variants: bool = True) -> dict:
+    """name -> CudaRowConfig: the default rule's, with keep_row flipped (fp8: keep_y flipped),
+    the earlier rule's, and (``variants``) the kept variants."""
     base = fwd_cuda_heuristic(key.hidden_size, 2)
-    earlier = cuda_row_heuristic(key.hidden_size, 2)
-    out = {"default": base, "default-flipped": dataclasses.replace(base, keep_row=not base.keep_row),
-           "loaded-per-stage": earlier}
-    for threads, vec in fwd_kept_variants(key):
+    out = {"default": base}
+    if key.fp8_out and base.keep_row:
+        out["default-keep_y-flipped"] = dataclasses.replace(base, keep_y=not base.keep_y)
+    if not key.fp8_out:
+        out["default-flipped"] = dataclasses.replace(base, keep_row=not base.keep_row, keep_y=False)
+        out["loaded-per-stage"] = cuda_row_heuristic(key.hidden_size, 2)
+    for threads, vec, keep_y in fwd_kept_variants(key) if variants else ():
         rows = cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
-        out[f"{threads}x{rows}v{vec}+keep"] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec,
-                                                                  keep_row=True)
+        name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "")
+        out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y)
     return out
 
 
-def point_kernel(key: NormKey, cfg):
-    return variant_kernel(key, "cuda", cfg)._f["fwd"]
-
-
-def measure(norm: str, h: int, ceiling: float, deadline: float) -> dict:
-    key = NormKey(norm=norm, hidden_size=h)
+def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True) -> dict:
+    """Each point's time and error on one fresh input; fp8 also the library's fwd kernel alone
+    (without the amax kernels), so the rest of the call shows."""
+    norm, h = key.norm, key.hidden_size
     rows = train_rows(h)
     x = torch.randn(rows, h, device="cuda").bfloat16()
     gamma = (torch.rand(h, device="cuda") + 0.5).bfloat16()
     beta = [torch.randn(h, device="cuda").bfloat16()] if norm == "layernorm" else []
     stats = [torch.empty(rows, device="cuda") for _ in range(2 if beta else 1)]
-    y = torch.empty_like(x)
     ref = torch.from_numpy(reference_fwd(norm, x.cpu(), gamma.cpu(), *[b.cpu() for b in beta])["y"]).cuda()
-    scale = float(ref.abs().max())
+    peak = float(ref.abs().max())
     eps = 1e-5 if beta else 1e-6
-    nbytes = 2 * rows * h * 2
+    if key.fp8_out:
+        y = torch.empty(rows, h, device="cuda", dtype=torch.float8_e4m3fn)
+        scale = torch.ones(1, device="cuda")  # |y| of a few units: no saturation, e4m3's steps of 1/16
+        amax, amax_row = torch.empty(1, device="cuda"), torch.empty(rows, device="cuda")
+        extra_in, extra_out = [scale], [amax]
+        nbytes = rows * h * 3
+    else:
+        y = torch.empty_like(x)
+        extra_in, extra_out = [], []
+        nbytes = 2 * rows * h * 2
 
-    def run(call):
-        y.fill_(float("nan"))
+    row_peak = ref.abs().amax(dim=1) if key.fp8_out else None
+
+    def run(call, whole=True):
+        """Time and error of ``call``; fp8: with amax of the whole call (``whole``) or of each
+        row (a fwd kernel alone)."""
+        (y.view(torch.uint8).fill_(0x7F) if key.fp8_out else y.fill_(float("nan")))  # NaN
+        for t in extra_out + ([amax_row] if key.fp8_out else []):
+            t.fill_(float("nan"))
         call()
-        err = float((y.double() - ref).abs().max()) / scale  # NaN left anywhere stays NaN
+        err = float((y.double() - ref).abs().max()) / peak  # NaN left anywhere stays NaN
+        if key.fp8_out:
+            got, want = (amax[0], peak) if whole else (amax_row, row_peak)
+            err = max(err, float((got.double() - want).abs().max()) / peak)
         t = us(call)
         return {"us": t, "frac": nbytes / t / 1e3 / ceiling, "rel_err": err}
 
     lib = REGISTRY.get(key, "cuda")
-    r = {"norm": norm, "hidden": h, "rows": rows, "library": lib.origin,
-         "points": {"library": run(lambda: lib(x, gamma, *beta, y, *stats, eps=eps))}}
-    for name, cfg in points(key).items():
+    r = {"norm": norm, "otype": key.otype, "hidden": h, "rows": rows, "library": lib.origin,
+         "points": {"library": run(lambda: lib(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps))}}
+    for name, cfg in points(key, variants).items():
         if time.time() > deadline:
             break
-        f = point_kernel(key, cfg)
-        r["points"][name] = run(lambda: f(x, gamma, *beta, y, *stats, eps))
+        f = variant_kernel(key, "cuda", cfg)._f["fwd"]
+        if key.fp8_out:
+            r["points"][name] = run(lambda: f(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
+        else:
+            r["points"][name] = run(lambda: f(x, gamma, *beta, y, *stats, eps))
+    if key.fp8_out:
+        fwd = lib.forward_for(rows)
+        r["points"]["library-fwd-kernel-only"] = run(
+            lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
     return r
 
 
@@ -92,6 +119,8 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
     ap.add_argument("--norms", default="rmsnorm,layernorm")
+    ap.add_argument("--otype", default="bf16", help="bf16, or fp8e4m3 (y and its amax)")
+    ap.add_argument("--no-variants", action="store_true", help="only the default rule's points")
     ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
     deadline = time.time() + args.seconds
@@ -102,10 +131,12 @@ def main():
         for h in (int(v) for v in args.hidden.split(",")):
             if time.time() > deadline:
                 break
-            r = measure(norm, h, ceiling, deadline)
+            r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
+                        variants=not args.no_variants)
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
-                f"{k} {v['us']:.1f} ({v['frac']:.3f}, err {v['rel_err']:.0e})" for k, v in r["points"].items()),
+                f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")
+                for k, v in r["points"].items()),
                 flush=True)
     from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
     from tvmnorm.build import source_hash

@@ -205,6 +205,53 @@ def test_fwd_kept_row_reads_x_once(norm, otype, hidden, threads, vec):
     assert all(re.fullmatch(r"(\(int64_t\))?\d+", i) for i in indices), indices[:4]
 
 
+@pytest.mark.parametrize("norm,hidden,threads,vec", [("layernorm", 7168, 256, 4), ("rmsnorm", 1000, 32, 8),
+                                                     ("layernorm", 4095, 1024, 1)])
+def test_fp8_fwd_keeps_y_in_registers(norm, hidden, threads, vec):
+    """With keep_y the fp8 forward computes y once into per-thread registers (constant indices)
+    that the store and amax read: gamma (and beta) are loaded once per element, not again for
+    amax's recomputed y; without it (the stage inlined) y is computed twice."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, otype="fp8e4m3", hidden_size=hidden)
+    per_thread = -(-hidden // (threads * vec)) * vec
+    bodies = {keep_y: kernel(cuda_source(key, CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec,
+                                                             keep_row=True, keep_y=keep_y)), "fwd")
+              for keep_y in (True, False)}
+    gamma_loads = lambda body: len(re.findall(r"\bgamma_ptr\b", body))  # noqa: E731
+    assert gamma_loads(bodies[True]) == per_thread // vec  # vector loads (sched.rows._vector_io)
+    assert gamma_loads(bodies[False]) == 2 * per_thread // vec
+    assert re.search(rf" y_unscaled_local_ptr\[{per_thread}\];", bodies[True])
+    indices = re.findall(r"\by_unscaled_local_ptr\[([^\]]*)\]", bodies[True])[1:]
+    assert indices and all(re.fullmatch(r"(\(int64_t\))?\d+", i) for i in indices), indices[:4]
+    assert "y_unscaled" not in bodies[False]
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),
+                                 NormKey(stage="bwd", hidden_size=4096), NormKey(norm="layernorm", hidden_size=4096)],
+                         ids=lambda k: k.name)
+def test_row_kernels_load_weights_in_vectors_and_row_statistics_once(key):
+    """gamma and beta are read in vectors as wide as x's (one scalar load per element and stage
+    was most of dx's load instructions), and dx reads each row's mu and rsigma once for all its
+    stages, not once per element."""
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.sched.default import fused_cuda_heuristic
+    part = "fwd" if key.stage == "fwd" else "dx"
+    body = kernel(cuda_source(key), part)
+    for w in ("gamma", "beta") if key.norm == "layernorm" and part == "fwd" else ("gamma",):
+        loads = re.findall(rf"(\*\(\w+\*\)\()?\b{w}_ptr\b", body)
+        assert loads and all(loads), f"{w} is read with scalar loads"
+    if part == "dx":
+        prefetch = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2).prefetch
+        for stat in ("mu", "rsigma") if key.norm == "layernorm" else ("rsigma",):
+            assert len(re.findall(rf"\b{stat}_ptr\[", body)) == prefetch, stat
+
+
+def test_keep_y_needs_keep_row():
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="keep_y needs keep_row"):
+        CudaRowConfig(threads=128, keep_y=True)
+
+
 def test_unroll_by_unrolls_a_loop_that_many_times_with_a_tail():
     """_tvm.UNROLL_BY = k turns a loop of n iterations into a rolled loop over k copies of its
     body and n % k copies after it (the pipelined dx walk needs it; TVM has no partial unroll):
@@ -285,6 +332,6 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     from tvmnorm.sched.space import fwd_kept_variants
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     assert "fwd_kernel" in cuda_source(key)
-    for threads, vec in fwd_kept_variants(key):
-        cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
+    for threads, vec, keep_y in fwd_kept_variants(key):
+        cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True, keep_y=keep_y)
         cuda_source(key, row_config=cfg)

@@ -179,14 +179,18 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
 @pytest.mark.parametrize("norm,dtype,otype,hidden,threads,vec", [
     ("rmsnorm", "bf16", "bf16", 8192, 1024, 8), ("layernorm", "bf16", "bf16", 7168, 256, 4),
     ("layernorm", "fp32", "fp32", 1000, 32, 4), ("rmsnorm", "fp16", "fp16", 4095, 512, 1),
-    ("rmsnorm", "bf16", "fp8e4m3", 128, 16, 8), ("layernorm", "bf16", "fp8e4m3", 2048, 64, 8)])
+    ("rmsnorm", "bf16", "fp8e4m3", 128, 16, 8), ("layernorm", "bf16", "fp8e4m3", 2048, 64, 8),
+    ("rmsnorm", "bf16", "fp8e4m3+y", 1000, 32, 8), ("layernorm", "bf16", "fp8e4m3+y", 7168, 256, 4),
+    ("layernorm", "fp16", "fp8e5m2+y", 4095, 1024, 1)])
 def test_cuda_fwd_kept_row(norm, dtype, otype, hidden, threads, vec, rows, rng, seed):
     """The forward that keeps its row of x in registers for every stage (keep_row, a structural
     variant of the tuned space): right against float64 with a partial last block of rows,
-    column tails (1000 with 4-wide vectors, 4095) and fp8 output with its amax."""
+    column tails (1000 with 4-wide vectors, 4095) and fp8 output with its amax, with y kept in
+    registers too (+y: keep_y) or recomputed."""
     from tvmnorm.sched.rows import CudaRowConfig
+    otype, keep_y = otype.removesuffix("+y"), otype.endswith("+y")
     key = NormKey(norm=norm, stage="fwd", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
-    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True, keep_y=keep_y)
     kernel = variant_kernel(key, "cuda", cfg)
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
@@ -198,10 +202,12 @@ def small_call_library(tmp_path_factory):
     from tvmnorm.build import build_library
     from tvmnorm.runtime import Registry
     from tvmnorm.tune import load_records
-    keys = [NormKey(norm="rmsnorm", hidden_size=4096),
-            NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024)]
     records = load_records("cuda")
-    assert all(k.pack() in records for k in keys), "the committed schedules lack a record these tests use"
+    # an fp8 key where one has a record (fp8 records go when the fp8 compute changes, until retuned)
+    second = [k for k in (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024),
+                          NormKey(norm="layernorm", hidden_size=1024)) if k.pack() in records][:1]
+    keys = [NormKey(norm="rmsnorm", hidden_size=4096)] + second
+    assert len(keys) == 2 and all(k.pack() in records for k in keys), "the committed schedules lack the records these tests use"
     out = tmp_path_factory.mktemp("small-call") / "cuda"
     build_library(keys, "cuda", out, records={k.pack(): records[k.pack()] for k in keys}, log=lambda *_: None)
     reg = Registry()

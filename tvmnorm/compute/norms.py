@@ -100,6 +100,14 @@ FP8_MAX = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}
 FP8_MIN_NORMAL = {"fp8e4m3": 2.0 ** -6, "fp8e5m2": 2.0 ** -14}
 FP8_SUBNORMAL_STEP = {"fp8e4m3": 2.0 ** -9, "fp8e5m2": 2.0 ** -16}
 
+# Inputs indexed by column only (the weights) and by row only (the saved statistics that the
+# backward reads): the row schedule loads each kind its own way (sched/rows.py).
+WEIGHT_OPERANDS = ("gamma", "beta")
+ROW_STAT_OPERANDS = ("mu", "rsigma")
+
+# The CUDA fp8 forward's stage holding y before scaling and the cast (see fwd).
+FP8_Y_STAGE = "y_unscaled"
+
 
 def _to_fp8(v, otype: str, dt: str):
     """Round-to-nearest-even cast of an in-range value to fp8. llvm's cast is wrong below the
@@ -189,6 +197,12 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     # and cost CUDA ~20 instructions per element
     cast = ((lambda v: v.astype(TVM_DTYPE[key.otype])) if kind == "cuda"
             else (lambda v: _to_fp8(v, key.otype, c)))
+    if kind == "cuda":
+        # y in ctype as a stage of its own, read by the store and by amax: a schedule that keeps
+        # the row in registers (CudaRowConfig.keep_y) computes it once there; otherwise it is
+        # inlined into both, as llvm's expression always is
+        yv = te.compute((N, H), yf, name=FP8_Y_STAGE)
+        yf = lambda i, j: yv[i, j]  # noqa: E731
     y = te.compute((N, H), lambda i, j: cast(te.max(te.min(yf(i, j) * up(scale[0]), m), -m)), name="y")
     ka = te.reduce_axis((0, H), name="ka")
     amax = te.compute((N,), lambda i: te.max(te.abs(yf(i, ka)).astype("float32"), axis=ka), name="amax_row")

@@ -62,19 +62,22 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     120.6 instead of 120.2/157.0 at 7168, 135.5/136.7 instead of 137.1/176.8 at 8192, and
     72.5/74.4 instead of 75.1/99.5 at 128; 16-byte vectors with the row kept ran up to 1.3x
     slower than 8-byte ones at layernorm 4096-8192. Rows too wide to keep (KEPT_ROW_BYTES) and
-    rows narrower than 4 threads' vectors get cuda_row_heuristic's schedule."""
+    rows narrower than 4 threads' vectors get cuda_row_heuristic's schedule. With fp8 output y
+    is kept in registers too (keep_y): ptxas gave layernorm 7168's kernel 48 registers with it,
+    64 without (y, gamma and beta again for amax)."""
     vec = _widest_vector(hidden, elem_bytes, 8)
     vectors = -(-hidden // vec)
     if vectors >= 128:
         threads = min(1024, max(128, _pow2_at_least(-(-vectors // 8))))
         if -(-vectors // threads) * vec * elem_bytes > KEPT_ROW_BYTES:
             return cuda_row_heuristic(hidden, elem_bytes)  # the row would not fit: loaded per stage
-        return CudaRowConfig(threads=threads, rows=1, vec=vec, unroll=256, keep_row=True)
+        return CudaRowConfig(threads=threads, rows=1, vec=vec, unroll=256, keep_row=True, keep_y=True)
     vec = _widest_vector(hidden, elem_bytes, 16)
     threads = max(4, _pow2_at_least(-(-hidden // vec) // 2))
     if threads * vec > hidden:  # idle threads: see fwd_kept_variants
         return cuda_row_heuristic(hidden, elem_bytes)
-    return CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, unroll=256, keep_row=True)
+    return CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, unroll=256, keep_row=True,
+                         keep_y=True)
 
 
 def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:

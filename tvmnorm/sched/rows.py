@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import UNROLL_BY, Schedule, tirx
-from ..compute.norms import ROWS_PER_PARTIAL_ATTR
+from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
 
@@ -41,11 +41,15 @@ class CudaRowConfig:
                               # while this one computes)
     keep_row: bool = False    # fwd only: x loaded once into registers that every stage reads
                               # (the fused dx kernel always keeps its rows there)
+    keep_y: bool = False      # fp8 fwd with keep_row: y (before scaling and the cast) computed
+                              # once into registers that the store and amax read
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
         if isinstance(self.threads, int) and isinstance(self.rows, int) and self.threads * self.rows > 1024:
             raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
+        if self.keep_y and not self.keep_row:
+            raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +89,11 @@ def _anchor(sch):
     return sch.get_child_blocks(sch.get_sblock("root"))[0]
 
 
-def _part_block(sch):
-    """The weight-gradient partial block of a fused dx kernel, or None."""
+def _named_block(sch, name):
+    """The top-level block called ``name`` (the weight-gradient partials of a fused dx kernel,
+    PART_BLOCK; the fp8 forward's unscaled y, FP8_Y_STAGE), or None."""
     for blk in sch.get_child_blocks(sch.get_sblock("root")):
-        if sch.get(blk).name_hint == PART_BLOCK:
+        if sch.get(blk).name_hint == name:
             return blk
     return None
 
@@ -135,12 +140,16 @@ def _gather_under(sch, anchor, loop):
 
 
 def _vector_io(sch, blk, outer, skip=()):
-    """Stage a thread's `vec` consecutive elements of each 2-D operand in registers, so the
-    global accesses are single vector loads/stores while the fp32 math on them stays scalar.
-    (consumer_blocks names only ``blk`` itself: Trace.simplified() drops block RVs that appear
-    nowhere but inside consumer_blocks, and MetaSchedule could then not replay the trace.)"""
+    """Stage a thread's `vec` consecutive elements of each 2-D operand and of the weights
+    (gamma, beta) in registers, so the global accesses are single vector loads/stores while the
+    fp32 math on them stays scalar. Scalar weight loads were most of the dx kernel's load
+    instructions: per row and stage one 2-byte load per element, 8 for each 16-byte load of dy
+    or x. (consumer_blocks names only ``blk`` itself: Trace.simplified() drops block RVs that
+    appear nowhere but inside consumer_blocks, and MetaSchedule could then not replay the
+    trace.)"""
     names = [r.source.name for r in sch.get(blk).reads
-             if len(r.source.shape) == 2 and r.source.scope() == "global" and r.source.name not in skip]
+             if (len(r.source.shape) == 2 or r.source.name in WEIGHT_OPERANDS)
+             and r.source.scope() == "global" and r.source.name not in skip]
     for name in names:
         idx = [r.source.name for r in sch.get(blk).reads].index(name)
         cache = sch.cache_read(blk, idx, "local", consumer_blocks=[blk])
@@ -150,6 +159,19 @@ def _vector_io(sch, blk, outer, skip=()):
         wb = sch.cache_write(blk, 0, "local")
         sch.reverse_compute_at(wb, outer, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(wb)[-1])
+
+
+def _row_scalars(sch, row):
+    """Load the per-row statistics (dx's mu and rsigma) into registers once per row (``row``: the
+    row loop) for every stage that reads them, where nvcc loaded them again for every element.
+    The loads take the row guard from the buffers' extent, as the row registers do."""
+    root = sch.get_sblock("root")
+    for name in ROW_STAT_OPERANDS:
+        readers = [b for b in sch.get_child_blocks(root) if any(r.source.name == name for r in sch.get(b).reads)]
+        if readers:
+            idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
+            cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
+            sch.compute_at(cache, row, preserve_unit_loops=True)
 
 
 def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
@@ -168,10 +190,14 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     block there.
     """
     sch = sch or Schedule(func)
-    part = _part_block(sch)
+    part = _named_block(sch, PART_BLOCK)
     # the row operands loaded once into registers that every stage reads: the stages' loops
     # then index registers (constant indices, fully unrolled)
     kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
+    y_stage = _named_block(sch, FP8_Y_STAGE)
+    if y_stage is not None and not cfg.keep_y:
+        sch.compute_inline(y_stage)  # recomputed by the store and by amax
+        y_stage = None
     if part is None:
         anchor = _anchor(sch)
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
@@ -183,6 +209,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         bx, ty = sch.split(q, [None, cfg.rows])
         group, row = sch.split(t, [None, cfg.prefetch])
         sch.unroll(row)  # the rows' registers are indexed by it: constant indices
+        _row_scalars(sch, row)
         depth = 4  # (block, chunk lane, group of rows, row of the group)
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
@@ -213,6 +240,9 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             sch.annotate(outer, "pragma_unroll_explicit", 1)
     if part is None and kept:
         _cuda_row_registers(sch, ty, cfg, kept, rows=False)
+    if y_stage is not None:
+        # per-thread registers, as the kept row's (see _cuda_partials for why the assumption)
+        sch.transform_layout(y_stage, ("write", 0), _thread_layout(cfg), assume_injective_transform=True)
     if part is not None:
         _cuda_row_registers(sch, group, cfg, kept, rows=True)
         _cuda_partials(sch, ty, cfg)
@@ -373,7 +403,7 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     MetaSchedule random variables, so the same instructions must replay for every sample)."""
     sch = sch or Schedule(func)
     root = sch.get_sblock("root")
-    part = _part_block(sch)
+    part = _named_block(sch, PART_BLOCK)
     for blk in list(sch.get_child_blocks(root)):
         if is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2:
             _cpu_rfactor(sch, blk, cfg.acc, cfg.vec)

@@ -15,8 +15,9 @@ split the row evenly, e.g. 448 x 2 or 896 x 1 vectors of 8 at hidden 7168), rows
 (1..16), vector width (elements per thread per access, up to 16 bytes, only widths that divide
 the row: TE's rule hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec == 0 because
 predicated tails handle the rest), unroll depth, and whether the row of x is kept in registers
-for every stage (read from memory once) or loaded again by each (``fwd_kept_variants``:
-structural variants, as the register layout depends on threads and vec). (Staging the row in
+for every stage (read from memory once) or loaded again by each, and with fp8 output whether y
+is kept there too (``fwd_kept_variants``: structural variants, as the register layout depends
+on threads and vec). (Staging the row in
 shared memory was tried: see design_spaces.)
 Pruned here: thread counts that leave a thread no vector or more than 32 of them, vector widths
 that do not divide the row or exceed 16 bytes; VerifyGPUCode rejects the rest (more than 1024
@@ -102,8 +103,9 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     structural variant of the fused dx kernel: they decide the register layout of its row
     operands and partial sums (a constant of the trace, see _thread_layout) and the software
     pipeline over its rows, and its loops over registers are unrolled whatever the unroll knob,
-    so only rows per block is sampled there. ``kept`` = (threads, vec) makes it a forward variant
-    that keeps the row of x in registers (``keep_row``), for the same reasons structural."""
+    so only rows per block is sampled there. ``kept`` = (threads, vec, keep_y) makes it a forward
+    variant that keeps the row of x (and fp8's y) in registers (``keep_row``), for the same
+    reasons structural."""
     def space(sch):
         fixed = fused or kept
         rows = _categorical(sch, fused_rows(fixed[0]) if fixed is not None else ROWS)
@@ -111,7 +113,7 @@ def cuda_space(key: NormKey, fused=None, kept=None):
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages)
         elif kept is not None:
-            cfg = CudaRowConfig(threads=kept[0], rows=rows, vec=kept[1], keep_row=True)
+            cfg = CudaRowConfig(threads=kept[0], rows=rows, vec=kept[1], keep_row=True, keep_y=kept[2])
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
@@ -193,17 +195,19 @@ FWD_KEPT_VECTORS = 8
 
 
 def fwd_kept_variants(key: NormKey) -> list:
-    """(threads, vec) of the forward that keeps its row of x in registers: the two widest vector
-    widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors of the row
-    and leave none without one (with idle threads, layernorm at hidden 1 failed to build: TVM
-    mixed int32 and int64 bounds)."""
+    """(threads, vec, keep_y) of the forward that keeps its row of x in registers: the two
+    widest vector widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors
+    of the row and leave none without one (with idle threads, layernorm at hidden 1 failed to
+    build: TVM mixed int32 and int64 bounds). With fp8 output each also with y computed once into
+    registers (keep_y) or recomputed by the store and by amax: the registers are fp32, twice or
+    four times those of x, so which wins depends on the block."""
     h = key.hidden_size
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
         for threads in cuda_thread_choices(key):
             vectors = -(-h // (threads * vec))
             if 1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h:
-                out.append((threads, vec))
+                out += [(threads, vec, keep_y) for keep_y in ((False, True) if key.fp8_out else (False,))]
     return out
 
 
@@ -258,7 +262,7 @@ def space_size(key: NormKey, kind: str) -> int:
     if key.stage in ("bwd", "bwd_add"):
         return sum(len(fused_rows(variant[0])) for variant in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
-    return sampled + sum(len(fused_rows(threads)) for threads, _ in fwd_kept_variants(key))
+    return sampled + sum(len(fused_rows(kept[0])) for kept in fwd_kept_variants(key))
 
 
 def space_fn(key: NormKey, kind: str):
