@@ -2,6 +2,7 @@
 
 torch.compile is deselected (--impls): Inductor's C++ build would dominate the test time.
 """
+import argparse
 import copy
 import csv
 import json
@@ -235,3 +236,17 @@ def test_host_lock_keeps_timing_apart_from_setup(tmp_path):
     assert waited >= 0.25, f"timing started {waited:.3f}s into another process's setup"
     with bench.HostLock(None).timing():  # no path: no lock
         pass
+
+
+def test_hidden_sizes_of_the_catalog_keep_their_rows():
+    """``--hidden 128`` is the catalog's QK-norm shape (rows = tokens x heads), the rows tune tuned
+    and `tune accept` looks for; a size outside the catalog is one row per token. (The ninth H200
+    lease's accept found no measurement of layernorm fp8 128 because its bench ran 16384 rows.)"""
+    from tvmnorm.shapes import TRAIN_TOKENS, train_rows
+    p = argparse.ArgumentParser()
+    bench.add_bench_args(p)
+    cases = bench.make_cases(p.parse_args(["--hidden", "128,200", "--rows", "train,8", "--ops", "rmsnorm_fwd"]))
+    rows = {(c.hidden, c.tokens): c.rows for c in cases}
+    assert rows == {(128, TRAIN_TOKENS): train_rows(128), (128, 8): 8 * train_rows(128) // TRAIN_TOKENS,
+                    (200, TRAIN_TOKENS): TRAIN_TOKENS, (200, 8): 8}
+    assert train_rows(128) > TRAIN_TOKENS

@@ -59,7 +59,7 @@ import warnings
 import zlib
 
 from .key import DTYPE_BYTES, NormKey
-from .shapes import DECODE_ROWS, TRAIN_TOKENS, Shape
+from .shapes import DECODE_ROWS, TRAIN_TOKENS, shape_of
 from .shapes import shapes as catalog_shapes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -749,7 +749,7 @@ def make_cases(args) -> list:
         raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(BENCH_DTYPES)}")
     if args.hidden:
         try:
-            shapes = [Shape("custom", "hidden", int(h)) for h in _csv_list(args.hidden)]
+            shapes = [shape_of(int(h)) for h in _csv_list(args.hidden)]
         except ValueError:
             raise SystemExit(f"--hidden must be integers, got {args.hidden!r}") from None
     else:

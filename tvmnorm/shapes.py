@@ -64,7 +64,14 @@ def hidden_sizes(groups="all") -> list:
     return [s.hidden for s in shapes(groups)]
 
 
+def shape_of(hidden: int) -> Shape:
+    """A hidden size's catalog shape (QK-norm 128: rows = tokens x heads), or a shape of one row
+    per token for a size outside the catalog: ``--hidden 128`` then means the rows that tune
+    tuned and `tune accept` looks for."""
+    return next((s for s in shapes() if s.hidden == hidden), Shape("custom", "hidden", hidden))
+
+
 def train_rows(hidden: int) -> int:
     """The training row count of a hidden size: its catalog shape's (QK-norm: tokens x heads),
     or TRAIN_TOKENS for a size outside the catalog."""
-    return next((s.train_rows for s in shapes() if s.hidden == hidden), TRAIN_TOKENS)
+    return shape_of(hidden).train_rows
