@@ -727,3 +727,24 @@ def test_cost_model_trains_with_few_threads(monkeypatch):
     assert model.config.nthread == 8
     monkeypatch.setattr(tune, "usable_cores", lambda: 2)
     assert tune._cost_model("cuda").config.nthread == 2
+
+
+def test_tuning_skips_the_tensor_intrinsics_import_and_leaves_it_importable(monkeypatch):
+    """MetaSchedule's TuneContext imports tvm.s_tir.tensor_intrin (14 s of TVMScript parsing on
+    a 2-core machine) for rules tvmnorm does not use: within without_tensor_intrinsics() the
+    import finds an empty module, which is gone afterwards; a module imported before is kept."""
+    import sys
+    import types
+
+    from tvmnorm._tvm import without_tensor_intrinsics
+    name = "tvm.s_tir.tensor_intrin"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    with without_tensor_intrinsics():
+        import tvm.s_tir.tensor_intrin as inside  # noqa: F401 - what TuneContext does
+        assert not hasattr(inside, "cuda")
+    assert name not in sys.modules
+    real = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, name, real)
+    with without_tensor_intrinsics():
+        assert sys.modules[name] is real
+    assert sys.modules[name] is real

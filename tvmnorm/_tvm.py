@@ -42,6 +42,29 @@ def target(spec: dict) -> "tvm.target.Target":
     return tvm.target.Target(spec)
 
 
+_TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+@contextlib.contextmanager
+def without_tensor_intrinsics():
+    """Within the block, ``import tvm.s_tir.tensor_intrin`` finds an empty module. MetaSchedule's
+    TuneContext imports it for the tensor-core schedule rules, and the import parses ~250
+    TVMScript functions (14 s on a 2-core machine, most of a one-key search: 19.5 s -> 8.3 s for
+    layernorm bwd 7168 in scripts/search_overhead.py); tvmnorm's design spaces use no built-in
+    rule and no tensor intrinsic. The real module stays importable after the block, and one
+    imported before it is used as is."""
+    import sys
+    import types
+    stub = None
+    if _TENSOR_INTRIN not in sys.modules:
+        stub = sys.modules[_TENSOR_INTRIN] = types.ModuleType(_TENSOR_INTRIN)
+    try:
+        yield
+    finally:
+        if stub is not None and sys.modules.get(_TENSOR_INTRIN) is stub:
+            del sys.modules[_TENSOR_INTRIN]
+
+
 # StorageRewrite merges a per-row scalar stage's local buffer into the reduction result it
 # reads, and after LowerThreadAllreduce that result is a *shared* buffer: every thread then does
 # `red_result = rsqrt(red_result)` in place, racing with the threads still reading it (seen on

@@ -115,7 +115,7 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     schedule and ``committed`` records (seed_candidates); returns how many of those were measured
     and the database.
     tune_batch runs it with the real builder and runner, scripts/search_overhead.py with fakes."""
-    from ._tvm import IRModule, ms, target
+    from ._tvm import IRModule, ms, target, without_tensor_intrinsics
     from .sched.space import space_fn, space_size
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
@@ -124,11 +124,13 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     seeded, kept = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
     print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
           + (f", and {kept} committed records" if kept else ""), file=sys.stderr)
-    return seeded + kept, ms.tune_tir(IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
-                       max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
-                       space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
-                       cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
-                       seed=seed, num_tuning_cores=_search_cores(kind))
+    with without_tensor_intrinsics():
+        return seeded + kept, ms.tune_tir(
+            IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
+            max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
+            space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
+            cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
+            seed=seed, num_tuning_cores=_search_cores(kind))
 
 
 def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
