@@ -22,7 +22,7 @@ import pathlib
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import Timer, copy_roofline
+from tvmnorm.bench import Timer, copy_roofline, probe_meta
 from tvmnorm.compute.norms import combined_partials
 from tvmnorm.runtime import REGISTRY, partials
 from tvmnorm.sched.default import FINALIZE_UNROLL
@@ -136,12 +136,7 @@ def main():
                                                       for k, v in r["finalize_variants"].items())
                   + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" for k, v in r["dx_points"].items()),
                   flush=True)
-    from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
-    from tvmnorm.build import source_hash
-    # the kernel sources' hash names the tree: a device copy's git metadata can be stale
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "tvm": TVM_VERSION, "tvm_ffi": FFI_VERSION, "tvmnorm_source_hash": source_hash(),
-            "copy_gbps": ceiling}
+    meta = probe_meta(ceiling)
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 
 

@@ -24,7 +24,7 @@ import time
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import Timer, copy_roofline
+from tvmnorm.bench import Timer, copy_roofline, probe_meta
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
@@ -138,11 +138,7 @@ def main():
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")
                 for k, v in r["points"].items()),
                 flush=True)
-    from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
-    from tvmnorm.build import source_hash
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "tvm": TVM_VERSION, "tvm_ffi": FFI_VERSION, "tvmnorm_source_hash": source_hash(),
-            "copy_gbps": ceiling}
+    meta = probe_meta(ceiling)
     pathlib.Path(args.out, "probe.json").write_text(json.dumps({"meta": meta, "results": out}, indent=1))
 
 

@@ -555,6 +555,18 @@ class Timer:
         return tuple(v * 1e3 for v in _quantiles(ts))
 
 
+def probe_meta(copy_gbps: float) -> dict:
+    """What a GPU probe script (bench/gpu_probe.py, bench/bwd_parts.py) records beside its
+    numbers: the device, the versions, the kernel sources' hash (it names the tree: a device
+    copy's git metadata can be stale) and the copy ceiling of the same run."""
+    torch = _torch()
+    from ._tvm import FFI_VERSION, TVM_VERSION
+    from .build import source_hash
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "tvm": TVM_VERSION, "tvm_ffi": FFI_VERSION, "tvmnorm_source_hash": source_hash(),
+            "copy_gbps": copy_gbps}
+
+
 def copy_roofline(kind, timer, nbytes=None, sets: int = 1) -> dict:
     """A device copy (dst.copy_(src)) of ``nbytes`` each way (default: large), bytes read +
     written over median time; with ``sets``, the calls rotate over that many copies, as a
