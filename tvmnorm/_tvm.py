@@ -127,18 +127,8 @@ def _install_unroll_by():
 _install_unroll_by()
 
 
-# A library kernel takes a symbolic row count, so NarrowDataType cannot prove its int64 index
-# math fits in 32 bits and keeps it; a tuning candidate has a static row count, and the pass
-# narrowed it to int32. The tuner then timed kernels the library never runs: on the H200 the
-# ninth lease's rmsnorm bwd 5120 winner took 177 us in tuning (48 registers a thread) and 241 us
-# in the library (65 registers), behind the default's 180. Candidates are compiled without the
-# pass (``narrow=False``): they index in int64 as the library's kernels do.
-NARROW_PASS = "tirx.NarrowDataType"
-
-
-def compile_module(mod, tgt, narrow: bool = True):
-    disabled = [] if narrow else [NARROW_PASS]
-    with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG, disabled_pass=disabled):
+def compile_module(mod, tgt):
+    with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return tvm.compile(mod, target=tgt)
 
 

@@ -108,14 +108,13 @@ def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
     return ex
 
 
-def _export_cuda_host(funcs: dict, arch: str, so_path: pathlib.Path, workdir: pathlib.Path, narrow: bool = True):
-    """Ahead-of-time CUDA: kernels + tvm-ffi host wrappers in one .cu, compiled by nvcc
-    (``narrow``: see _tvm.NARROW_PASS)."""
+def _export_cuda_host(funcs: dict, arch: str, so_path: pathlib.Path, workdir: pathlib.Path):
+    """Ahead-of-time CUDA: kernels + tvm-ffi host wrappers in one .cu, compiled by nvcc."""
     import tvm_ffi.libinfo as ffi_info
     from ._tvm import IRModule, compile_module, cuda_source_only, export_cuda_host, target
     spec = dict(target_spec("cuda", arch), host={"kind": "cuda_host"})
     with cuda_source_only():
-        src = export_cuda_host(compile_module(IRModule(funcs), target(spec), narrow=narrow).mod)
+        src = export_cuda_host(compile_module(IRModule(funcs), target(spec)).mod)
     cu = workdir / "tvmnorm_kernels.cu"
     cu.write_text(src)
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"

@@ -42,20 +42,18 @@ CUDA_BUILDS = ("nvrtc", "nvcc")
 
 
 def build_candidate(mod, kind: str, arch: str | None, target=None, cuda_build: str = "nvrtc") -> str:
-    """Compile one candidate IRModule into a loadable .so; returns its path. Its index math
-    stays as wide as the library's symbolic-row kernels' (no NarrowDataType: see
-    _tvm.NARROW_PASS), so the tuner times the kernel the library will run."""
+    """Compile one candidate IRModule into a loadable .so; returns its path."""
     path = pathlib.Path(_candidate_path())
     if kind == "cuda" and cuda_build == "nvcc":
         from .build import _export_cuda_host
         from .targets import arch_of
         funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
-        _export_cuda_host(funcs, arch_of("cuda", arch), path, path.parent, narrow=False)
+        _export_cuda_host(funcs, arch_of("cuda", arch), path, path.parent)
     else:
         if kind == "cuda" and cuda_build not in CUDA_BUILDS:
             raise ValueError(f"cuda_build must be one of {CUDA_BUILDS}, got {cuda_build!r}")
         with target:  # in scope, NVRTC takes the arch from it and never asks the CUDA runtime
-            compile_module(mod, target, narrow=False).export_library(str(path))
+            compile_module(mod, target).export_library(str(path))
     return str(path)
 
 

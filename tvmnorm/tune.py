@@ -81,9 +81,7 @@ def tuning_func(key: NormKey, part: str, rows: int, kind: str, chunk_rows: int |
     On CUDA the row count is an int64 constant, so the candidate indexes in int64 like the
     library's symbolic-row kernel; with a plain int the fused dx kernel indexed in int32, and
     in the fifth lease retuned bwd records measured faster than the committed ones in tuning
-    and ran up to 72% slower in the library (layernorm 896: 53.0 us tuned, 111.9 us there).
-    The candidates are also compiled without NarrowDataType, which narrowed that int64 back to
-    int32 where the constant let it (measure.build_candidate, _tvm.NARROW_PASS)."""
+    and ran up to 72% slower in the library (layernorm 896: 53.0 us tuned, 111.9 us there)."""
     from . import compute
     from ._tvm import tirx
     n = tirx.const(rows, "int64") if kind == "cuda" else rows
