@@ -11,7 +11,9 @@ sets it and flipped, the earlier rule (cuda_row_heuristic: x loaded by each stag
 variant of the space (sched.space.fwd_kept_variants) with the rows per block cuda_row_heuristic
 gives its thread count. With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
-alone, which with the library's whole call shows what the amax kernels cost. Writes probe.json.
+alone, which with the library's whole call shows what the amax kernels cost. ``--int32`` adds
+the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
+candidates get from NarrowDataType). Writes probe.json.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def points(key: NormKey, variants: bool = True) -> dict:
     return out
 
 
-def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True) -> dict:
+def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False) -> dict:
     """Each point's time and error on one fresh input; fp8 also the library's fwd kernel alone
     (without the amax kernels), so the rest of the call shows."""
     norm, h = key.norm, key.hidden_size
@@ -99,10 +101,13 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     lib = REGISTRY.get(key, "cuda")
     r = {"norm": norm, "otype": key.otype, "hidden": h, "rows": rows, "library": lib.origin,
          "points": {"library": run(lambda: lib(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps))}}
-    for name, cfg in points(key, variants).items():
+    todo = [(name, cfg, 64) for name, cfg in points(key, variants).items()]
+    if int32:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
+        todo.insert(1, ("default-int32", todo[0][1], 32))
+    for name, cfg, bits in todo:
         if time.time() > deadline:
             break
-        f = variant_kernel(key, "cuda", cfg)._f["fwd"]
+        f = variant_kernel(key, "cuda", cfg, row_bits=bits)._f["fwd"]
         if key.fp8_out:
             r["points"][name] = run(lambda: f(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
         else:
@@ -121,6 +126,8 @@ def main():
     ap.add_argument("--norms", default="rmsnorm,layernorm")
     ap.add_argument("--otype", default="bf16", help="bf16, or fp8e4m3 (y and its amax)")
     ap.add_argument("--no-variants", action="store_true", help="only the default rule's points")
+    ap.add_argument("--int32", action="store_true",
+                    help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
     deadline = time.time() + args.seconds
@@ -132,7 +139,7 @@ def main():
             if time.time() > deadline:
                 break
             r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
-                        variants=not args.no_variants)
+                        variants=not args.no_variants, int32=args.int32)
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")

@@ -335,3 +335,18 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     for threads, vec, keep_y in fwd_kept_variants(key):
         cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True, keep_y=keep_y)
         cuda_source(key, row_config=cfg)
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),
+                                 NormKey(hidden_size=7168), NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096)],
+                         ids=lambda k: k.name)
+def test_int32_row_kernels_index_in_int32(key):
+    """With an int32 row count (compute.symbolic_rows(32)) the row kernels' index math is int32
+    throughout, as a static-row tuning candidate's is after NarrowDataType; the library's int64
+    row count keeps int64."""
+    from tvmnorm.build import compile_funcs, scheduled_funcs
+    part = "fwd" if key.stage == "fwd" else "dx"
+    src = {bits: compile_funcs(scheduled_funcs(key, "cuda", row_bits=bits), "cuda").mod.imports[0].inspect_source()
+           for bits in (32, 64)}
+    assert "int64_t" not in kernel(src[32], part)
+    assert "int64_t" in kernel(src[64], part)

@@ -292,3 +292,31 @@ def test_variant_kernel_runs_a_point_of_the_space(stage, rng, seed):
     for rows in (1, 37):
         inputs = make_inputs(key, rows, rng)
         check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} rows={rows} seed={seed}")
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
+                                 NormKey(stage="bwd_add", hidden_size=128),
+                                 NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4095)], ids=lambda k: k.name)
+def test_int32_row_kernels_are_right_and_refuse_what_would_wrap(key, rng, seed):
+    """A key compiled with an int32 row count (compute.symbolic_rows(32), what the probes time
+    against the library's int64 kernels) gives the float64 reference's results, chunk edges and
+    the amax included; a call of 2^31 elements or more, whose int32 offsets would wrap, is refused
+    before any kernel runs."""
+    import torch
+
+    from tvmnorm.runtime import variant_kernel
+    kernel = variant_kernel(key, "llvm", row_bits=32)
+    assert kernel.row_bits == 32
+    for rows in (1, 33, 300):
+        inputs = make_inputs(key, rows, rng)
+        check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} int32 rows={rows} seed={seed}")
+    big = (1 << 31) // key.hidden_size + 1
+    arrays = [torch.empty((big, 0) if n in ("x", "y", "dy", "dx", "dz") else (0,)) for n in kernel.signature]
+    with pytest.raises(ValueError, match="int32 and serves fewer than 2\\^31 elements"):
+        kernel(*arrays)
+
+
+def test_row_bits_must_be_32_or_64():
+    from tvmnorm.compute import symbolic_rows
+    with pytest.raises(ValueError, match="must be 32 or 64"):
+        symbolic_rows(16)

@@ -46,18 +46,21 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None) -> dict:
+def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None,
+                    row_bits: int = 64) -> dict:
     """part -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
     (its trace replayed on the symbolic-row function) and the default rule otherwise.
     ``row_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
-    row kernel (fwd, or the backward's dx) instead (tests and bench/bwd_parts.py time and check such points)."""
+    row kernel (fwd, or the backward's dx) instead (tests and bench/bwd_parts.py time and check such points).
+    ``row_bits`` = 32 gives the kernels an int32 row count (compute.symbolic_rows)."""
     from . import compute
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
     from .sched.rows import schedule_rows_cpu, schedule_rows_cuda
     out = {}
     chunk_rows = (record or {}).get("rows_per_partial")
-    for part, func in compute.kernel_funcs(key, kind, chunk_rows=chunk_rows).items():
+    rows = None if row_bits == 64 else compute.symbolic_rows(row_bits)
+    for part, func in compute.kernel_funcs(key, kind, rows=rows, chunk_rows=chunk_rows).items():
         trace = (record or {}).get("parts", {}).get(part)
         if part in ("fwd", "dx") and row_config is not None:
             rows_rule = schedule_rows_cuda if kind == "cuda" else schedule_rows_cpu

@@ -122,8 +122,9 @@ class NormKernel:
     (part -> callable) serves forward calls of at most SMALL_CALL_BYTES of x."""
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
-                 chunk_rows: int | None = None, small: dict | None = None):
+                 chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
+        self.row_bits = row_bits  # 32: kernels with an int32 row count (compute.symbolic_rows)
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
         self.signature = signature(key)
         self._f = funcs  # part -> callable
@@ -144,6 +145,10 @@ class NormKernel:
                             f"({', '.join(self.signature)}), got {len(arrays)}")
         a = dict(zip(self.signature, arrays))
         rows = int(a["x"].shape[0])
+        if self.row_bits == 32 and rows * self.key.hidden_size >= 1 << 31:
+            # int32 offsets would wrap: the kernel would read and write the wrong elements
+            raise ValueError(f"this kernel indexes rows in int32 and serves fewer than 2^31 elements per tensor; "
+                             f"got {rows} rows of {self.key.hidden_size}")
         if self.key.stage == "fwd":
             if eps is None:
                 eps = 1e-5 if self.key.norm == "layernorm" else 1e-6
@@ -187,20 +192,20 @@ class NormKernel:
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
-def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None, small=False):
+def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None, small=False, row_bits=64):
     from .compute.norms import parts_of
     return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
-                      chunk_rows, {"fwd": mod[f"{prefix}_small_fwd"]} if small else None)
+                      chunk_rows, {"fwd": mod[f"{prefix}_small_fwd"]} if small else None, row_bits)
 
 
-def variant_kernel(key: NormKey, kind: str, row_config) -> NormKernel:
+def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64) -> NormKernel:
     """The key's kernels with its row kernel (fwd, or the backward's dx) scheduled by
-    ``row_config`` (a CudaRowConfig or CpuRowConfig: a point of the tuned space) instead of the
-    default rule, compiled in this process: the GPU tests and the bench probes check and time
-    such points."""
-    funcs = scheduled_funcs(key, kind, row_config=row_config)
+    ``row_config`` (a CudaRowConfig or CpuRowConfig: a point of the tuned space; None: the
+    default rule's) and an int``row_bits`` row count, compiled in this process: the GPU tests
+    and the bench probes check and time such points."""
+    funcs = scheduled_funcs(key, kind, row_config=row_config, row_bits=row_bits)
     return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, key.name, False, "variant",
-                               chunk_rows_of(funcs))
+                               chunk_rows_of(funcs), row_bits=row_bits)
 
 
 def _elf_problem(path) -> str | None:

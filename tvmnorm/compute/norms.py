@@ -126,11 +126,22 @@ def parts_of(key: NormKey, kind: str) -> tuple:
     return KERNEL_PARTS["fwd_fp8" if key.fp8_out else key.stage]
 
 
+def symbolic_rows(bits: int = 64):
+    """The symbolic row count ``n`` of the library's kernels: int64, so any tensor indexes
+    right. An int32 one (``bits=32``) indexes in int32 throughout, as a static-row tuning
+    candidate does after TVM's NarrowDataType; such a kernel serves only calls of fewer than
+    2^31 elements per tensor (runtime.NormKernel refuses larger ones), and exists for the probes
+    that time one width against the other."""
+    if bits not in (32, 64):
+        raise ValueError(f"row index bits must be 32 or 64, got {bits!r}")
+    return te.var("n", f"int{bits}")
+
+
 def _rows(rows):
-    """The row count: symbolic int64 ``n`` (None), or a static one: a Python int (int32
-    indexing) or an int64 constant, which indexes as the symbolic kernel does (the CUDA tuner's
-    rows: tune.tuning_func)."""
-    return te.var("n", "int64") if rows is None else rows
+    """The row count: symbolic int64 ``n`` (None), a symbolic one given (symbolic_rows), or a
+    static one: a Python int (int32 indexing) or an int64 constant, which indexes as the symbolic
+    kernel does (the CUDA tuner's rows: tune.tuning_func)."""
+    return symbolic_rows() if rows is None else rows
 
 
 def _wide(N) -> bool:
@@ -233,7 +244,7 @@ def amax(rows=None, name="amax"):
     # at least one chunk: a TIR reduction initialises inside its loop, so a zero-extent one
     # would leave amax unwritten; a step past the rows adds 0, neutral for a max of absolute
     # values
-    P = (tirx.floordiv(tirx.max(N, tirx.const(1, "int64")) + (C - 1), C) if isinstance(N, tirx.Var)
+    P = (tirx.floordiv(tirx.max(N, tirx.const(1, str(N.ty))) + (C - 1), C) if isinstance(N, tirx.Var)
          else amax_partials(N))
     r = te.reduce_axis((0, C), name="r")
     part = te.compute((P,), lambda p: te.max(te.if_then_else(p * C + r < N, row[p * C + r],
@@ -309,7 +320,7 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
     T = chunk_rows or rows_per_partial(key, kind)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
-    Q = tirx.floordiv(N + (T - 1), T) if _wide(N) else -(-N // T)
+    Q = -(-N // T) if isinstance(N, int) else tirx.floordiv(N + (T - 1), T)
     # the dtype of the row loop it is merged with: int64 for the symbolic n, int32 for a static
     # count (tuning), or the merged loops mix index types
     t = te.reduce_axis((0, tirx.const(T, "int64" if _wide(N) else "int32")), name="t")
