@@ -195,6 +195,20 @@ def test_cuda_fwd_kept_row(norm, dtype, otype, hidden, threads, vec, rows, rng, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, 4097))
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=7168),
+                                 NormKey(stage="bwd_add", hidden_size=1000), NormKey(norm="rmsnorm", hidden_size=4095),
+                                 NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=2048),
+                                 NormKey(stage="bwd", hidden_size=128)], ids=lambda k: k.name)
+def test_cuda_int32_row_kernels(key, rows, rng, seed):
+    """The default schedule with an int32 row count (compute.symbolic_rows(32): the index width
+    tuning candidates get, which the probes time against the library's int64): right against
+    float64 with partial chunks and blocks, column tails and the fp8 amax."""
+    kernel = variant_kernel(key, "cuda", row_bits=32)
+    assert kernel.row_bits == 32
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.fixture(scope="module")
 def small_call_library(tmp_path_factory):
     """A CUDA library (nvcc, as `tvmnorm build` makes it) of two forward keys with their
