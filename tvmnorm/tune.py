@@ -634,9 +634,7 @@ def accept_changes(started: dict, kept: dict) -> dict:
     packed keys (hex) whose record it replaced or added, and those it dropped. merge_accepted
     takes only these from a job, so a job's copies of records it did not touch never overwrite
     newer ones."""
-    def same(a, b):
-        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-    return {"records": [f"{k:#x}" for k in sorted(kept) if not same(kept[k], started.get(k))],
+    return {"records": [f"{k:#x}" for k in sorted(kept) if kept[k] != started.get(k)],
             "dropped": [f"{k:#x}" for k in sorted(started) if k not in kept]}
 
 
