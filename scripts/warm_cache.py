@@ -23,8 +23,8 @@ import tempfile
 
 def build_one(args):
     key, kind, path = args
-    from tvmnorm.build import _export_cuda_host, compile_funcs, scheduled_funcs
-    funcs = scheduled_funcs(key, kind)
+    from tvmnorm.build import _export_cuda_host, compile_funcs, key_funcs
+    funcs = key_funcs(key, kind)  # what the runtime's default-kernel cache holds for a key
     tmp_so = path.with_suffix(f".tmp{os.getpid()}.so")
     if kind == "cuda":
         with tempfile.TemporaryDirectory() as tmp:

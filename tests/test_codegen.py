@@ -340,13 +340,28 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
 @pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),
                                  NormKey(hidden_size=7168), NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096)],
                          ids=lambda k: k.name)
-def test_int32_row_kernels_index_in_int32(key):
-    """With an int32 row count (compute.symbolic_rows(32)) the row kernels' index math is int32
-    throughout, as a static-row tuning candidate's is after NarrowDataType; the library's int64
-    row count keeps int64."""
-    from tvmnorm.build import compile_funcs, scheduled_funcs
+@pytest.mark.parametrize("tuned", [False, True], ids=["default", "record"])
+def test_library_row_kernels_come_in_both_index_widths(key, tuned):
+    """A CUDA library holds each key's row kernel twice (build.key_funcs): with int32 index math
+    throughout under <key>_narrow_<part>, as a static-row tuning candidate compiles after
+    NarrowDataType (the kernel the tuner measured), and with int64 under <key>_<part>, for calls
+    past int32 offsets. A committed record replays on both; a tuned forward's small-call kernel
+    is int32 too."""
+    from tvmnorm.build import compile_funcs, key_funcs
+    from tvmnorm.tune import load_records
+    record = load_records("cuda").get(key.pack()) if tuned else None
+    if tuned:
+        assert record, f"no committed record for {key.name}"
     part = "fwd" if key.stage == "fwd" else "dx"
-    src = {bits: compile_funcs(scheduled_funcs(key, "cuda", row_bits=bits), "cuda").mod.imports[0].inspect_source()
-           for bits in (32, 64)}
-    assert "int64_t" not in kernel(src[32], part)
-    assert "int64_t" in kernel(src[64], part)
+    src = compile_funcs(key_funcs(key, "cuda", record), "cuda").mod.imports[0].inspect_source()
+
+    def body(symbol):
+        start = re.search(rf"__global__ void (__launch_bounds__\(\d+\) )?{symbol}_kernel\([^)]*\) {{", src)
+        assert start, f"no kernel {symbol}"
+        return src[start.end():src.index("\n}\n", start.end())]
+    assert "int64_t" not in body(f"{key.name}_narrow_{part}")
+    assert "int64_t" in body(f"{key.name}_{part}")
+    if tuned and key.stage == "fwd":
+        assert "int64_t" not in body(f"{key.name}_small_fwd")
+    else:
+        assert f"{key.name}_small_fwd" not in src

@@ -243,3 +243,59 @@ def test_cuda_library_serves_small_calls_with_the_default_kernel(small_call_libr
     assert kernel.tuned and kernel.forward_for(bound) is not kernel.forward_for(bound + 1)
     for rows in (1, bound, bound + 1, 4 * bound + 1):
         run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("stage", ["fwd", "bwd"])
+def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
+    """A call of more than 2^31 elements per tensor (rmsnorm at hidden 4096, 2^19 + 3 rows: 4.3 GB
+    of bf16 per tensor) runs the int64 row kernel (the int32 one's offsets would wrap), and is
+    right against float64 where a wrapped offset would land (the last rows), at the first rows,
+    in every row's rsigma, and in dgamma, which sums all of them."""
+    import warnings
+
+    from tvmnorm.runtime import Registry, fits_int32
+    hidden, rows = 4096, (1 << 31) // 4096 + 3
+    key = NormKey(stage=stage, hidden_size=hidden)
+    part = "fwd" if stage == "fwd" else "dx"
+    reg = Registry()
+    reg.set_library("cuda", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = reg.get(key, "cuda")
+    assert not fits_int32(rows, hidden) and kernel.parts_for(rows)[part] is kernel._f[part]
+    assert kernel.parts_for(rows - 2048)[part] is not kernel._f[part]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    gamma = torch.randn(hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    eps = 1e-6
+    check_rows = torch.cat([torch.arange(64), torch.arange(rows - 67, rows)]).cuda()
+    rs_ref = torch.empty(rows, device="cuda", dtype=torch.float64)
+    for i in range(0, rows, 1 << 16):
+        rs_ref[i:i + (1 << 16)] = torch.rsqrt(x[i:i + (1 << 16)].double().square().mean(1) + eps)
+    xs, g = x[check_rows].double(), gamma.double()
+
+    def assert_close(what, got, want, rtol, atol):
+        err = (got.double() - want).abs() - (atol + rtol * want.abs())
+        assert not torch.isnan(got).any(), f"{what}: NaN (unwritten output)"
+        assert err.max().item() <= 0, f"{what}: off by {err.max().item():.3g} beyond tolerance"
+
+    if stage == "fwd":
+        y = torch.full_like(x, float("nan"))
+        rsigma = torch.full((rows,), float("nan"), device="cuda")
+        kernel(x, gamma, y, rsigma, eps=eps)
+        assert_close("rsigma", rsigma, rs_ref, 1e-5, 0)
+        assert_close("y", y[check_rows], xs * rs_ref[check_rows, None] * g, 2 ** -7, 1e-2)
+        return
+    dy = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    rsigma = rs_ref.float()
+    dx = torch.full_like(x, float("nan"))
+    dgamma = torch.full((hidden,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kernel(dy, x, rsigma, gamma, dx, dgamma)
+    dg_ref = torch.zeros(hidden, device="cuda", dtype=torch.float64)
+    for i in range(0, rows, 1 << 16):
+        s = slice(i, i + (1 << 16))
+        dg_ref += (dy[s].double() * x[s].double() * rsigma[s, None].double()).sum(0)
+    assert_close("dgamma", dgamma, dg_ref, 2 ** -7, 1e-3 * dg_ref.abs().max().item())
+    rs = rsigma[check_rows, None].double()
+    xhat, gdy = xs * rs, dy[check_rows].double() * g
+    assert_close("dx", dx[check_rows], rs * (gdy - xhat * (gdy * xhat).mean(1, keepdim=True)), 2 ** -7, 1e-2)

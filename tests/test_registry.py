@@ -312,7 +312,7 @@ def test_int32_row_kernels_are_right_and_refuse_what_would_wrap(key, rng, seed):
         check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} int32 rows={rows} seed={seed}")
     big = (1 << 31) // key.hidden_size + 1
     arrays = [torch.empty((big, 0) if n in ("x", "y", "dy", "dx", "dz") else (0,)) for n in kernel.signature]
-    with pytest.raises(ValueError, match="int32 and serves fewer than 2\\^31 elements"):
+    with pytest.raises(ValueError, match="int32 and serves calls of fewer than 2\\^31 elements"):
         kernel(*arrays)
 
 
@@ -320,3 +320,27 @@ def test_row_bits_must_be_32_or_64():
     from tvmnorm.compute import symbolic_rows
     with pytest.raises(ValueError, match="must be 32 or 64"):
         symbolic_rows(16)
+
+
+@pytest.mark.parametrize("stage", ["fwd", "bwd"])
+def test_calls_that_fit_int32_offsets_run_the_int32_row_kernels(stage):
+    """A kernel with int32-row copies of its row kernels (a CUDA library's, build.key_funcs) runs
+    them for every call whose tensors fit int32 offsets, with room for the last block's rows
+    past the end, and the int64 ones past that; the small-call kernel still serves small calls."""
+    from tvmnorm.compute.norms import parts_of
+    from tvmnorm.runtime import NormKernel, fits_int32
+    key = NormKey(stage=stage, hidden_size=4096)
+    wide = {p: object() for p in parts_of(key, "cuda")}
+    row_part = "fwd" if stage == "fwd" else "dx"
+    narrow, small = {row_part: object()}, {"fwd": object()}
+    kernel = NormKernel(key, "cuda", wide, True, "test", small=small if stage == "fwd" else None, narrow=narrow)
+    first_wide = (1 << 31) // 4096 - 1024  # the fewest rows that do not fit
+    assert fits_int32(first_wide - 1, 4096) and not fits_int32(first_wide, 4096)
+    assert not fits_int32((1 << 31) // 4096, 4096) and fits_int32(1, (1 << 31) // 2048)
+    fit = kernel.parts_for(first_wide - 1)
+    assert fit[row_part] is narrow[row_part]
+    assert all(fit[p] is wide[p] for p in wide if p != row_part)
+    assert kernel.parts_for(first_wide) is not fit and kernel.parts_for(first_wide)[row_part] is wide[row_part]
+    if stage == "fwd":
+        assert kernel.forward_for(1) is small["fwd"]
+        assert kernel.forward_for(first_wide - 1) is narrow["fwd"] and kernel.forward_for(first_wide) is wide["fwd"]

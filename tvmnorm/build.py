@@ -24,8 +24,9 @@ MANIFEST = "manifest.json"
 LIBRARY = "libtvmnorm.so"
 FORMAT = 1
 _PKG = pathlib.Path(__file__).resolve().parent
-# Files whose change changes what a kernel computes or how it is scheduled.
-_SOURCE_GLOBS = ("key.py", "compute/*.py", "sched/*.py")
+# Files whose change changes what a kernel computes or how it is scheduled, or which kernels a
+# library holds for a key (build.py: key_funcs).
+_SOURCE_GLOBS = ("key.py", "build.py", "compute/*.py", "sched/*.py")
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,12 +48,13 @@ def file_sha256(path) -> str:
 
 
 def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None,
-                    row_bits: int = 64) -> dict:
-    """part -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
+                    row_bits: int = 64, parts=None, prefix: str | None = None) -> dict:
+    """symbol -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
     (its trace replayed on the symbolic-row function) and the default rule otherwise.
     ``row_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
     row kernel (fwd, or the backward's dx) instead (tests and bench/bwd_parts.py time and check such points).
-    ``row_bits`` = 32 gives the kernels an int32 row count (compute.symbolic_rows)."""
+    ``row_bits`` = 32 gives the kernels an int32 row count (compute.symbolic_rows); ``parts``
+    keeps only those kernels, named ``<prefix>_<part>`` (default prefix: the key's name)."""
     from . import compute
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
@@ -60,7 +62,9 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     out = {}
     chunk_rows = (record or {}).get("rows_per_partial")
     rows = None if row_bits == 64 else compute.symbolic_rows(row_bits)
-    for part, func in compute.kernel_funcs(key, kind, rows=rows, chunk_rows=chunk_rows).items():
+    for part, func in compute.kernel_funcs(key, kind, rows=rows, prefix=prefix, chunk_rows=chunk_rows).items():
+        if parts is not None and part not in parts:
+            continue
         trace = (record or {}).get("parts", {}).get(part)
         if part in ("fwd", "dx") and row_config is not None:
             rows_rule = schedule_rows_cuda if kind == "cuda" else schedule_rows_cpu
@@ -75,13 +79,47 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     return out
 
 
+# On CUDA a key's row kernels (the forward and the backward's dx: the kernels that walk x) come
+# twice, with the int64 row count that indexes any tensor and again with an int32 one, under
+# <key>_narrow_<part>, which the runtime runs for every call whose tensors fit int32 offsets
+# (runtime.fits_int32: all but calls of ~2^31 elements). The int32 kernel is the one the tuner
+# measured: a tuning candidate has a static row count and TVM's NarrowDataType turns its index
+# math to int32, which the symbolic int64 count keeps. With int64 offsets the same trace took
+# more registers and time (rmsnorm bwd 5120 on the H200: 48 registers and 177 us as a candidate,
+# 65 and 242 us in the library; layernorm bwd 2048's default dx 125 -> 96 registers by ptxas).
+# llvm keeps one width: 64-bit registers, no such cost there.
+NARROW_PARTS = ("fwd", "dx")
+
+
+def narrow_prefix(key: NormKey) -> str:
+    return f"{key.name}_narrow"
+
+
+def small_call_symbol(key: NormKey) -> str:
+    return f"{key.name}_small_fwd"
+
+
+def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
+    """Every kernel a library (or the default-kernel cache) holds for a key: its parts, the
+    int32-row copies of its row kernels on CUDA (NARROW_PARTS) and, for a tuned forward, the
+    small-call kernel (small_call_funcs)."""
+    funcs = scheduled_funcs(key, kind, record)
+    if kind == "cuda":
+        funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
+                                     prefix=narrow_prefix(key)))
+    if record and key.stage == "fwd":
+        funcs.update(small_call_funcs(key, kind))
+    return funcs
+
+
 def small_call_funcs(key: NormKey, kind: str) -> dict:
     """The default schedule's forward kernel of a tuned key, under the symbol
     ``<key>_small_fwd``: the library serves calls of at most runtime.SMALL_CALL_BYTES of x
-    with it (records are tuned at training rows; see runtime.SMALL_CALL_BYTES)."""
-    name = f"{key.name}_fwd"
-    func = scheduled_funcs(key, kind)[name]
-    return {f"{key.name}_small_fwd": func.with_attr("global_symbol", f"{key.name}_small_fwd")}
+    with it (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). Such a call
+    always fits int32 offsets, so on CUDA it has an int32 row count."""
+    funcs = scheduled_funcs(key, kind, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
+                            prefix=f"{key.name}_small")
+    return {small_call_symbol(key): funcs[small_call_symbol(key)]}
 
 
 def record_fingerprint(record: dict | None) -> str | None:
@@ -149,9 +187,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
     funcs, entries = {}, []
     for key in keys:
         rec = records.get(key.pack())
-        kfuncs = scheduled_funcs(key, kind, rec)
-        if rec and key.stage == "fwd":
-            kfuncs.update(small_call_funcs(key, kind))
+        kfuncs = key_funcs(key, kind, rec)
         funcs.update(kfuncs)
         entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
                         "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,

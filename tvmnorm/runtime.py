@@ -28,7 +28,8 @@ import pathlib
 import threading
 import warnings
 
-from .build import LIBRARY, MANIFEST, chunk_rows_of, compile_funcs, file_sha256, scheduled_funcs, source_hash
+from .build import (LIBRARY, MANIFEST, NARROW_PARTS, chunk_rows_of, compile_funcs, file_sha256, key_funcs,
+                    narrow_prefix, scheduled_funcs, small_call_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, target_name
 
@@ -117,24 +118,52 @@ def is_small_call(key: NormKey, rows: int) -> bool:
     return key.stage == "fwd" and rows * key.hidden_size * DTYPE_BYTES[key.itype] <= SMALL_CALL_BYTES
 
 
+# Rows of slack in fits_int32: a row kernel's index math reaches past the last row to the end of
+# its last block or chunk of rows (a block of at most 32 rows or a chunk of at most 64 rows; 1024
+# leaves room for any tuned point).
+_NARROW_SLACK_ROWS = 1024
+
+
+def fits_int32(rows: int, hidden: int) -> bool:
+    """Whether a call of ``rows`` rows of ``hidden`` indexes within int32 (the kernels with an
+    int32 row count serve it, build.NARROW_PARTS)."""
+    return (rows + _NARROW_SLACK_ROWS) * hidden < 1 << 31
+
+
 class NormKernel:
-    """One key's kernel: a callable over DLPack arrays, see the module docstring. ``small``
-    (part -> callable) serves forward calls of at most SMALL_CALL_BYTES of x."""
+    """One key's kernel: a callable over DLPack arrays, see the module docstring. ``funcs`` (part
+    -> callable) have an int``row_bits`` row count; ``narrow`` (part -> callable, int32 rows)
+    serve the calls that fit int32 offsets in their place, and ``small`` (part -> callable)
+    forward calls of at most SMALL_CALL_BYTES of x."""
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
-                 chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64):
+                 chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64,
+                 narrow: dict | None = None):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
         self.row_bits = row_bits  # 32: kernels with an int32 row count (compute.symbolic_rows)
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
         self.signature = signature(key)
         self._f = funcs  # part -> callable
+        self._narrow = {**funcs, **(narrow or {})}
         self._small = small or {}
         self._ctype = TVM_DTYPE[key.ctype]
+
+    def parts_for(self, rows: int) -> dict:
+        """part -> the kernel a call of ``rows`` rows runs (int32 rows where the call fits)."""
+        if fits_int32(rows, self.key.hidden_size):
+            return self._narrow
+        if self.row_bits == 32:
+            # int32 offsets would wrap: the kernel would read and write the wrong elements
+            raise ValueError(f"this kernel indexes rows in int32 and serves calls of fewer than 2^31 elements "
+                             f"per tensor; got {rows} rows of {self.key.hidden_size}")
+        return self._f
 
     def forward_for(self, rows: int):
         """The forward kernel a call of ``rows`` rows runs: the small-call one at most
         SMALL_CALL_BYTES of x, where the library holds one."""
-        return self._small["fwd"] if is_small_call(self.key, rows) and "fwd" in self._small else self._f["fwd"]
+        if is_small_call(self.key, rows) and "fwd" in self._small:
+            return self._small["fwd"]
+        return self.parts_for(rows)["fwd"]
 
     def __repr__(self):
         return f"NormKernel({self.key.norm} {self.key.stage} {self.key.describe()}, {self.kind}, {self.origin})"
@@ -145,10 +174,6 @@ class NormKernel:
                             f"({', '.join(self.signature)}), got {len(arrays)}")
         a = dict(zip(self.signature, arrays))
         rows = int(a["x"].shape[0])
-        if self.row_bits == 32 and rows * self.key.hidden_size >= 1 << 31:
-            # int32 offsets would wrap: the kernel would read and write the wrong elements
-            raise ValueError(f"this kernel indexes rows in int32 and serves fewer than 2^31 elements per tensor; "
-                             f"got {rows} rows of {self.key.hidden_size}")
         if self.key.stage == "fwd":
             if eps is None:
                 eps = 1e-5 if self.key.norm == "layernorm" else 1e-6
@@ -165,7 +190,7 @@ class NormKernel:
             amax_row = _alloc(a["x"], (rows,), "float32")
             if launch:
                 fwd(*args, amax_row, float(eps))
-            self._f["amax"](amax_row, _alloc(a["x"], (amax_partials(rows),), "float32"), a["amax"])
+            self.parts_for(rows)["amax"](amax_row, _alloc(a["x"], (amax_partials(rows),), "float32"), a["amax"])
         elif launch:
             fwd(*args, float(eps))
 
@@ -183,7 +208,7 @@ class NormKernel:
             # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
             count = partials(rows, self.key, self.kind, self.chunk_rows)
             part = _alloc(a["x"], (s, count, self.key.hidden_size), self._ctype)
-            self._f["dx"](*dx_args, part)
+            self.parts_for(rows)["dx"](*dx_args, part)
             mid_rows = combined_rows(count)
             if mid_rows is not None:
                 mid = _alloc(a["x"], (s, mid_rows, self.key.hidden_size), self._ctype)
@@ -192,10 +217,15 @@ class NormKernel:
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
-def _kernel_from_module(key, kind, mod, prefix, tuned, origin, chunk_rows=None, small=False, row_bits=64):
+def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64):
+    """A key's NormKernel from a module of key_funcs (or scheduled_funcs) symbols: the int32-row
+    and small-call kernels serve where the module holds them."""
     from .compute.norms import parts_of
-    return NormKernel(key, kind, {p: mod[f"{prefix}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
-                      chunk_rows, {"fwd": mod[f"{prefix}_small_fwd"]} if small else None, row_bits)
+    have = lambda name: mod.implements_function(name)  # noqa: E731
+    narrow = {p: mod[f"{narrow_prefix(key)}_{p}"] for p in NARROW_PARTS if have(f"{narrow_prefix(key)}_{p}")}
+    small = {"fwd": mod[small_call_symbol(key)]} if have(small_call_symbol(key)) else None
+    return NormKernel(key, kind, {p: mod[f"{key.name}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
+                      chunk_rows, small, row_bits, narrow)
 
 
 def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64) -> NormKernel:
@@ -204,7 +234,7 @@ def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64)
     default rule's) and an int``row_bits`` row count, compiled in this process: the GPU tests
     and the bench probes check and time such points."""
     funcs = scheduled_funcs(key, kind, row_config=row_config, row_bits=row_bits)
-    return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, key.name, False, "variant",
+    return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, False, "variant",
                                chunk_rows_of(funcs), row_bits=row_bits)
 
 
@@ -277,9 +307,8 @@ class TunedLibrary:
         if entry is None:
             return None
         # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
-        return _kernel_from_module(key, self.manifest["target"], self.module, key.name,
-                                   entry["origin"] == "tuned", f"library:{entry['origin']}",
-                                   entry.get("rows_per_partial"), f"{key.name}_small_fwd" in entry.get("symbols", ()))
+        return _kernel_from_module(key, self.manifest["target"], self.module, entry["origin"] == "tuned",
+                                   f"library:{entry['origin']}", entry.get("rows_per_partial"))
 
 
 def default_library_path(kind: str) -> pathlib.Path:
@@ -372,12 +401,12 @@ class Registry:
                 except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
                     mod = None
             if mod is None:
-                ex = compile_funcs(scheduled_funcs(key, kind), kind)
+                ex = compile_funcs(key_funcs(key, kind), kind)
                 tmp = path.with_suffix(f".tmp{os.getpid()}.so")
                 ex.export_library(str(tmp))
                 os.replace(tmp, path)
                 mod = ex.mod
-        return _kernel_from_module(key, kind, mod, key.name, False, "default")
+        return _kernel_from_module(key, kind, mod, False, "default")
 
 
 REGISTRY = Registry()
