@@ -14,7 +14,7 @@ import pytest
 
 from conftest import call, check_outputs, make_inputs
 from tvmnorm import NormKey
-from tvmnorm.build import build_library, compile_funcs, scheduled_funcs
+from tvmnorm.build import build_library, compile_funcs, key_funcs, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
 from tvmnorm.runtime import Registry
 from tvmnorm.sched.space import TUNED_PARTS, cuda_thread_choices, cuda_vec_choices, design_spaces, space_fn
@@ -39,7 +39,8 @@ def test_vector_widths_divide_the_row_and_fit_16_bytes():
 @pytest.mark.parametrize("kind", ["cuda", "llvm"])
 def test_design_space_replays_on_symbolic_rows(key, kind):
     """Every structural variant of the space, with the decisions it sampled, replays from its
-    (simplified, as MetaSchedule stores it) trace onto the symbolic-row kernel, and compiles."""
+    (simplified, as MetaSchedule stores it) trace onto the symbolic-row kernels a library holds
+    (on CUDA both index widths, build.key_funcs), and compiles."""
     from tvmnorm._tvm import Schedule
     for part in [p for p in kernel_funcs(key, kind) if p in TUNED_PARTS]:
         spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048, kind)))
@@ -47,7 +48,7 @@ def test_design_space_replays_on_symbolic_rows(key, kind):
         for sch in spaces:
             trace = sch.trace.simplified(remove_postproc=True)
             record = {"parts": {part: json.loads(json.dumps(trace.as_json(), default=lambda o: o.value))}}
-            funcs = scheduled_funcs(key, kind, record)
+            funcs = key_funcs(key, kind, record)
             if kind == "llvm":
                 compile_funcs(funcs, kind)
             else:
