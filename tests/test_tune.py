@@ -503,6 +503,19 @@ def test_merge_takes_only_what_each_job_changed(tmp_path):
     subprocess.run([sys.executable, "-m", "tvmnorm.tune", "accept", *(str(files[n]) for n in ("tuned", "bench", "accepted")),
                     "--accepted", str(files["started"])], capture_output=True, text=True, check=True)
     assert json.loads(files["accepted"].read_text())["changes"] == {"records": [f"{key.pack():#x}"], "dropped": []}
+    # one that lost to the default becomes the default's record (--drop: none)
+    bench["records"][0]["us"] = 15.0
+    files["bench"].write_text(json.dumps(bench))
+    files["tuned"].write_text(json.dumps({"records": {f"{key.pack():#x}": {"key": key.name, "rows": 16385,
+                                                                           "parts": {"fwd": "new"}}}}))
+    for drop in ([], ["--drop"]):
+        res = subprocess.run([sys.executable, "-m", "tvmnorm.tune", "accept", *(str(files[n]) for n in ("tuned", "bench", "accepted")),
+                              *drop], capture_output=True, text=True, check=True)
+        kept = json.loads(files["accepted"].read_text())["records"]
+        if drop:
+            assert kept == {} and "dropped rmsnorm_fwd" in res.stdout
+        else:
+            assert kept[f"{key.pack():#x}"]["default_won"] == ["fwd"] and "the default's schedule replaces" in res.stdout
 
 
 def test_tune_batch_stops_when_only_the_defaults_could_be_timed(tmp_path, monkeypatch):
@@ -749,3 +762,55 @@ def test_tuning_skips_the_tensor_intrinsics_import_and_leaves_it_importable(monk
     with without_tensor_intrinsics():
         assert sys.modules[name] is real
     assert sys.modules[name] is real
+
+
+def test_accept_replaces_a_record_that_lost_to_the_default_with_the_default_schedule():
+    """With ``to_default``, a record slower than the default in its library (and with no record
+    to fall back on) becomes a record of the default's schedule instead of none; a failed
+    refcheck or a retune that leaves the committed record are unchanged."""
+    from tvmnorm.tune import accept_records
+    keys = {h: NormKey(hidden_size=h) for h in (2048, 4096, 7168)}
+
+    def rec(h, impl, us, status="ok"):
+        return {"op": "rmsnorm_fwd", "dtype": "bf16", "hidden": h, "rows": 16384, "impl": impl,
+                "us": us, "status": status}
+    bench = {"records": [rec(2048, "tvmnorm_tuned", 25.0), rec(2048, "tvmnorm_default", 20.0),
+                         rec(4096, "tvmnorm_tuned", 50.0, "wrong"), rec(4096, "tvmnorm_default", 60.0),
+                         rec(7168, "tvmnorm_tuned", 175.0), rec(7168, "tvmnorm_default", 120.3)]}
+    records = {k.pack(): {"key": k.name, "parts": "tuned"} for k in keys.values()}
+    committed = {keys[7168].pack(): {"key": keys[7168].name, "parts": "committed"}}
+    seen = []
+
+    def to_default(packed, lost, why):
+        seen.append((packed, lost["parts"]))
+        return {"key": lost["key"], "parts": "default", "lost_in_library": why}
+    kept, dropped = accept_records(records, bench, accepted=committed, to_default=to_default)
+    assert kept[keys[2048].pack()] == {"key": keys[2048].name, "parts": "default",
+                                       "lost_in_library": dropped[keys[2048].pack()]}
+    assert "slower than the default" in dropped[keys[2048].pack()]
+    assert keys[4096].pack() not in kept and "wrong" in dropped[keys[4096].pack()]
+    assert kept[keys[7168].pack()] == committed[keys[7168].pack()]  # the retune lost; the committed record stays
+    assert seen == [(keys[2048].pack(), "tuned")]
+
+
+@pytest.mark.parametrize("kind", ["llvm", "cuda"])
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", hidden_size=2048), NormKey(stage="bwd", hidden_size=1024)],
+                         ids=lambda k: k.name)
+def test_default_record_builds_the_default_kernel(key, kind):
+    """default_record's traces (the default rule's, taken on the tuning function at the lost
+    record's rows, at the default T) build the same kernels as the default schedule itself."""
+    from tvmnorm.compute.norms import rows_per_partial
+    from tvmnorm.tune import default_record, tune_rows
+    part = "fwd" if key.stage == "fwd" else "dx"
+    lost = {"key": key.name, "rows": tune_rows(key, kind), "trials": 12, "parts": {part: "a sampled trace"},
+            "run_us": {part: 1.0}, "rows_per_partial": 16, "timing": "cold-l2"}
+    rec = default_record(key, kind, lost, "slower than the default at 16384 rows (2.0 vs 1.0 us)")
+    assert rec["default_won"] == [part] and rec["trials"] == 12 and "run_us" not in rec
+    assert rec["lost_in_library"].startswith("slower than the default")
+    assert rec.get("rows_per_partial") == (rows_per_partial(key, kind) if part == "dx" else None)
+
+    def source(funcs):
+        mod = compile_funcs(funcs, kind).mod
+        # llvm's IR names objects by their addresses in this process
+        return mod.imports[0].inspect_source() if kind == "cuda" else re.sub(r"0x[0-9a-f]+", "", mod.inspect_source("ll"))
+    assert source(scheduled_funcs(key, kind, rec)) == source(scheduled_funcs(key, kind))

@@ -535,7 +535,7 @@ def _previous_runs(previous, accepted) -> dict:
 
 
 def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: dict | None = None,
-                   previous: list | None = None) -> tuple:
+                   previous: list | None = None, to_default=None) -> tuple:
     """The tuned records a benchmark run of their library supports: a record stays when its
     key's ``tvmnorm_tuned`` kernel passed the float64 refcheck and was no slower than
     ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
@@ -549,6 +549,9 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     (_previous_runs). The record it would replace is dropped too where ``previous`` measured it
     slower than this run's default. In the fifth lease retuned bwd records measured faster than the committed
     ones in tuning, which times the dx kernel alone, and ran 7-72% slower in the library.
+    ``to_default`` (packed key, losing record -> default_record) keeps a key whose record lost
+    to the default, and has no record left to fall back on, with the default rule's schedule as
+    its record instead of none: the search's verdict for that key on this target.
     Returns (kept, dropped: packed key -> reason)."""
     from .build import record_fingerprint
     runs = _bench_runs(bench)
@@ -579,11 +582,34 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
             lost = _slower_than_default(before_runs, packed, seen, slack) if retuned else None
             if retuned and lost is None:
                 kept[packed] = before
-            elif lost:
+                continue
+            if lost:
                 dropped[packed] += f"; so was the record it would replace ({lost})"
+            if to_default is not None and reason.startswith("slower than the default"):
+                kept[packed] = to_default(packed, rec, dropped[packed])
         else:
             kept[packed] = rec
     return kept, dropped
+
+
+def default_record(key: NormKey, kind: str, lost: dict, why: str) -> dict:
+    """The record of a key whose tuned kernel (``lost``) ran slower than the default schedule in
+    its library (``why``): the default rule's traces of the same parts, at the default chunk size
+    T, marked ``default_won`` (as a search whose best candidate was the seeded default). The key
+    keeps a record, the search's verdict for it, and its library builds the default kernel. The
+    trace is taken on the tuning function at the record's rows, as seed_candidates takes it."""
+    from .compute.norms import rows_per_partial
+    from .sched.default import default_schedule
+    chunk = rows_per_partial(key, kind) if "dx" in lost.get("parts", {}) else None
+    parts = {}
+    for part in lost.get("parts", {}):
+        sch = default_schedule(tuning_func(key, part, lost["rows"], kind, chunk), part, kind, DTYPE_BYTES[key.itype])
+        parts[part] = json.loads(json.dumps(sch.trace.as_json(remove_postproc=True), default=lambda o: o.value))
+    rec = {k: v for k, v in lost.items() if k not in ("parts", "run_us", "rows_per_partial", "default_won")}
+    rec.update(parts=parts, default_won=sorted(parts), lost_in_library=why)
+    if chunk is not None:
+        rec["rows_per_partial"] = chunk
+    return rec
 
 
 def _slower_than_default(before_runs: dict, packed: int, seen: list, slack: float) -> str | None:
@@ -607,6 +633,8 @@ def accept_main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--slack", type=float, default=0.02)
     ap.add_argument("--accepted", help="records accepted before (kept when this benchmark did not cover them)")
+    ap.add_argument("--drop", action="store_true",
+                    help="drop a record that lost to the default (default: replace it with the default's schedule)")
     ap.add_argument("--previous", nargs="*", default=[],
                     help="benchmarks of the --accepted records' library (a later file's measurement of a case "
                          "wins): a retuned record slower than the one it replaces keeps that one")
@@ -618,10 +646,13 @@ def accept_main(argv=None) -> int:
     data, records = read(args.schedules)
     accepted = read(args.accepted)[1] if args.accepted else None
     previous = [json.loads(pathlib.Path(path).read_text()) for path in args.previous]
+    kind = "llvm" if data.get("target", {}).get("kind") == "llvm" else "cuda"
+    to_default = None if args.drop else (lambda packed, rec, why: default_record(NormKey.unpack(packed), kind, rec, why))
     kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted,
-                                   previous)
+                                   previous, to_default)
     for packed, why in sorted(dropped.items()):
-        what = "kept the committed record" if packed in kept else "dropped"
+        what = ("the default's schedule replaces" if kept.get(packed, {}).get("lost_in_library") == why
+                else "kept the committed record" if packed in kept else "dropped")
         print(f"{what} {records[packed]['key']}: {why}")
     data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
     if accepted is not None:
