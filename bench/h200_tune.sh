@@ -9,7 +9,8 @@
 # records that passed the float64 check and beat (or tie) the default schedule in the library:
 # that file is what goes into schedules/. A retuned record that loses, in the library, to the
 # default or (PREVIOUS: benchmarks of the committed records' library) to the record it would
-# replace leaves that record in place.
+# replace leaves that record in place; one that lost to the default with no record to fall back
+# on becomes a record of the default's schedule (tune.default_record).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
