@@ -22,8 +22,10 @@ export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
 # fail in a second, not after the tune's timeout and the check's (see h200_verify.sh)
 python -c "import tvm, tvm_ffi" || { echo "!! tvm does not import here (PYTHONPATH=${PYTHONPATH:-})" | tee "$OUT/tune.log"; exit 1; }
 # the keys, databases, records and library of this run, shared by the tune and its recovery
-# HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune and the benchmark
-run=(--target cuda --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
+# HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune and the benchmark;
+# KEYS (packed, e.g. 0x10002090,0x8002091) names the keys themselves, for the tune (give HIDDEN and
+# BENCH_OPS that cover them for the benchmark)
+run=(--target cuda --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} ${KEYS:+--keys "$KEYS"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
      --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
      --schedules "$STATE/schedules" --out "$STATE/lib")
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
