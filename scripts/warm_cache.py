@@ -23,12 +23,13 @@ import tempfile
 
 def build_one(args):
     key, kind, path = args
-    from tvmnorm.build import _export_cuda_host, compile_funcs, key_funcs
+    from tvmnorm.build import compile_funcs, key_funcs
+    from tvmnorm.cuda_aot import build_cuda_library
     funcs = key_funcs(key, kind)  # what the runtime's default-kernel cache holds for a key
     tmp_so = path.with_suffix(f".tmp{os.getpid()}.so")
     if kind == "cuda":
         with tempfile.TemporaryDirectory() as tmp:
-            _export_cuda_host(funcs, "sm_90", tmp_so, pathlib.Path(tmp))
+            build_cuda_library(funcs, "sm_90", tmp_so, pathlib.Path(tmp), jobs=1)  # the pool runs one key a core
     else:
         compile_funcs(funcs, kind).export_library(str(tmp_so))
     os.replace(tmp_so, path)  # as the runtime writes its entries: never a half-written one

@@ -299,3 +299,23 @@ def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
     rs = rsigma[check_rows, None].double()
     xhat, gdy = xs * rs, dy[check_rows].double() * g
     assert_close("dx", dx[check_rows], rs * (gdy - xhat * (gdy * xhat).mean(1, keepdim=True)), 2 ** -7, 1e-2)
+
+
+@pytest.mark.parametrize("rows", (1, 4097))
+def test_cuda_library_of_several_translation_units(tmp_path_factory, rows, rng, seed):
+    """A CUDA library compiled as several .cu files at once and linked into one .so
+    (cuda_aot.build_cuda_library, as `tvmnorm build` makes one on a many-core host): every
+    key's kernels, from whichever unit, right against float64 (int32 rows; fp8 with its amax;
+    the backward's partial sums)."""
+    from tvmnorm.build import build_library
+    from tvmnorm.runtime import Registry
+    keys = [NormKey(hidden_size=1024), NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
+            NormKey(otype="fp8e4m3", hidden_size=4096), NormKey(norm="layernorm", stage="bwd_add", hidden_size=7168)]
+    out = tmp_path_factory.mktemp(f"units-{rows}") / "cuda"
+    build_library(keys, "cuda", out, log=lambda *_: None, jobs=3)
+    reg = Registry()
+    reg.set_library("cuda", out)
+    for key in keys:
+        kernel = reg.get(key, "cuda")
+        assert kernel.origin == "library:default", kernel.origin
+        run_and_check(lambda _: kernel, key, rows, rng, seed)

@@ -814,3 +814,30 @@ def test_default_record_builds_the_default_kernel(key, kind):
         # llvm's IR names objects by their addresses in this process
         return mod.imports[0].inspect_source() if kind == "cuda" else re.sub(r"0x[0-9a-f]+", "", mod.inspect_source("ll"))
     assert source(scheduled_funcs(key, kind, rec)) == source(scheduled_funcs(key, kind))
+
+
+def test_cuda_library_in_several_translation_units_links_and_loads(tmp_path):
+    """A CUDA library is compiled as several .cu files at once (cuda_aot: nvcc is one core per
+    unit) and linked into one .so: every symbol of the manifest loads, with tvm_ffi alone, and
+    the library context tvm-ffi fills in is defined once."""
+    import shutil
+    import subprocess
+    from tvmnorm._tvm import load_module
+    from tvmnorm.cuda_aot import unit_sources
+    if not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+        pytest.skip("nvcc not installed")
+    keys = [NormKey(hidden_size=1024), NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
+            NormKey(otype="fp8e4m3", hidden_size=4096)]
+    funcs = {name: f for key in keys for name, f in key_funcs(key, "cuda").items()}
+    sources = unit_sources(funcs, "sm_90", 3)
+    assert len(funcs) == 9 and len(sources) == 2  # at least 4 kernels a unit
+    assert [s.count("void* __tvm_ffi__library_ctx = NULL;") for s in sources] == [1, 0]
+    manifest = build_library(keys, "cuda", tmp_path / "lib", log=lambda *_: None, jobs=3)
+    so = tmp_path / "lib" / "libtvmnorm.so"
+    mod = load_module(str(so))
+    symbols = [s for e in manifest["kernels"] for s in e["symbols"]]
+    assert sorted(symbols) == sorted(funcs) and all(mod.implements_function(s) for s in symbols)
+    nm = shutil.which("nm")
+    if nm:
+        defined = subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
+        assert defined.count("__tvm_ffi__library_ctx") == 1

@@ -11,12 +11,11 @@ import datetime
 import functools
 import hashlib
 import json
-import os
 import pathlib
 import shutil
-import subprocess
 import tempfile
 
+from .cuda_aot import build_cuda_library
 from .key import DTYPE_BYTES, NormKey
 from .targets import arch_of, target_spec
 
@@ -149,35 +148,14 @@ def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
     return ex
 
 
-def _export_cuda_host(funcs: dict, arch: str, so_path: pathlib.Path, workdir: pathlib.Path):
-    """Ahead-of-time CUDA: kernels + tvm-ffi host wrappers in one .cu, compiled by nvcc."""
-    import tvm_ffi.libinfo as ffi_info
-    from ._tvm import IRModule, compile_module, cuda_source_only, export_cuda_host, target
-    spec = dict(target_spec("cuda", arch), host={"kind": "cuda_host"})
-    with cuda_source_only():
-        src = export_cuda_host(compile_module(IRModule(funcs), target(spec)).mod)
-    cu = workdir / "tvmnorm_kernels.cu"
-    cu.write_text(src)
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    inc, libdir = ffi_info.find_include_path(), os.path.dirname(ffi_info.find_libtvm_ffi())
-    sm = arch.replace("sm_", "")
-    cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17",
-           "-gencode", f"arch=compute_{sm},code=sm_{sm}",
-           "-gencode", f"arch=compute_{sm},code=compute_{sm}",
-           "-I", inc, "-I", os.path.join(inc, "dlpack"), str(cu), "-o", str(so_path),
-           "-L", libdir, "-ltvm_ffi", "-cudart", "static"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({' '.join(cmd[:3])} ...):\n{res.stderr[-4000:]}")
-
-
 def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: str | None = None,
-                  log=print) -> dict:
+                  log=print, jobs: int | None = None) -> dict:
     """Compile ``keys`` into ``out_dir``/libtvmnorm.so + manifest.json; returns the manifest.
 
     ``records`` maps packed key -> tuned record (schedules/<target>.json); other keys get the
     default schedule. Written to a temporary directory first and moved in whole, so an
-    interrupted build never leaves a library that disagrees with its manifest.
+    interrupted build never leaves a library that disagrees with its manifest. ``jobs``: nvcc
+    processes at once for a CUDA library (cuda_aot.build_cuda_library; default: the cores).
     """
     from ._tvm import FFI_VERSION, TVM_VERSION
     arch = arch_of(kind, arch)
@@ -201,7 +179,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
     try:
         so = tmp / LIBRARY
         if kind == "cuda":
-            _export_cuda_host(funcs, arch, so, tmp)
+            build_cuda_library(funcs, arch, so, tmp, jobs)
         else:
             compile_funcs(funcs, kind, arch).export_library(str(so))
         manifest = {
@@ -212,7 +190,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
             "kernels": entries,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for leftover in tmp.glob("*.cu"):
+        for leftover in [*tmp.glob("*.cu"), *tmp.glob("*.o")]:
             leftover.unlink()
         if out_dir.exists():
             old = out_dir.with_name(out_dir.name + ".old")

@@ -45,10 +45,10 @@ def build_candidate(mod, kind: str, arch: str | None, target=None, cuda_build: s
     """Compile one candidate IRModule into a loadable .so; returns its path."""
     path = pathlib.Path(_candidate_path())
     if kind == "cuda" and cuda_build == "nvcc":
-        from .build import _export_cuda_host
+        from .cuda_aot import build_cuda_library
         from .targets import arch_of
         funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
-        _export_cuda_host(funcs, arch_of("cuda", arch), path, path.parent)
+        build_cuda_library(funcs, arch_of("cuda", arch), path, path.parent, jobs=1)
     else:
         if kind == "cuda" and cuda_build not in CUDA_BUILDS:
             raise ValueError(f"cuda_build must be one of {CUDA_BUILDS}, got {cuda_build!r}")
