@@ -99,3 +99,15 @@ def test_search_overhead_runs_the_search_without_a_gpu():
                         "--chunk-rows", "16", "--trials", "3"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 keys, 1 tasks, 3 candidates (and 1 default schedules), 3 trials per task" in r.stdout, r.stdout[-500:]
+
+
+def test_build_refuses_fewer_than_one_job(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "tvmnorm", *BUILD, "--out", str(tmp_path / "lib"), "--jobs", "0"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "--jobs must be at least 1, got 0" in res.stderr
+    assert not (tmp_path / "lib").exists()
+
+
+def test_build_takes_jobs(tmp_path):
+    origin, _ = build_and_list(tmp_path / "lib", "--no-tuned", "--jobs", "2")
+    assert origin == "default"

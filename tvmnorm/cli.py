@@ -70,7 +70,9 @@ def cmd_build(args):
     if args.tuned_only:
         keys = [NormKey.unpack(p) for p in records]
     out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
-    build_library(keys, args.target, out, records=records)
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
+    build_library(keys, args.target, out, records=records, jobs=args.jobs)
 
 
 def cmd_list(args):
@@ -139,6 +141,8 @@ def main(argv=None):
     p.add_argument("--tuned-only", action="store_true", help="only the keys that have tuned records")
     p.add_argument("--schedules", default=None,
                    help="directory of <target-arch>.json records (default: the committed schedules/)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="CUDA: nvcc processes at once, one .cu each (default: the usable cores)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="list the keys in a library")

@@ -51,7 +51,8 @@ def unit_sources(funcs: dict, arch: str, units: int) -> list:
         if i:
             if src.count(_LIBRARY_CTX) != 1:
                 raise RuntimeError("cannot split the CUDA library: the generated source does not define "
-                                   f"{_LIBRARY_CTX!r} once (a TVM change?); build with jobs=1")
+                                   f"{_LIBRARY_CTX!r} once (a TVM change?); build with one job "
+                                   "(`tvmnorm build --jobs 1`)")
             src = src.replace(_LIBRARY_CTX, _LIBRARY_CTX_DECL)
         sources.append(src)
     return sources
