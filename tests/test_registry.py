@@ -344,3 +344,12 @@ def test_calls_that_fit_int32_offsets_run_the_int32_row_kernels(stage):
     if stage == "fwd":
         assert kernel.forward_for(1) is small["fwd"]
         assert kernel.forward_for(first_wide - 1) is narrow["fwd"] and kernel.forward_for(first_wide) is wide["fwd"]
+
+
+def test_int32_slack_covers_the_largest_block_of_the_space():
+    """fits_int32 leaves room for the rows a last block reaches past the end: the most rows any
+    point of the CUDA space puts in one block (chunk lanes x T for the fused dx kernel)."""
+    from tvmnorm.compute.norms import CUDA_CHUNK_ROWS
+    from tvmnorm.runtime import _NARROW_SLACK_ROWS
+    from tvmnorm.sched.space import ROWS
+    assert _NARROW_SLACK_ROWS >= max(ROWS) * max(CUDA_CHUNK_ROWS)

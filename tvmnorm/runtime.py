@@ -119,8 +119,8 @@ def is_small_call(key: NormKey, rows: int) -> bool:
 
 
 # Rows of slack in fits_int32: a row kernel's index math reaches past the last row to the end of
-# its last block or chunk of rows (a block of at most 32 rows or a chunk of at most 64 rows; 1024
-# leaves room for any tuned point).
+# its last block (guarded, but computed): a forward block holds at most 16 rows, a dx block at
+# most 16 chunks of at most 64 rows (sched.space.ROWS, compute.norms.CUDA_CHUNK_ROWS): 1024.
 _NARROW_SLACK_ROWS = 1024
 
 
