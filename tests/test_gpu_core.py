@@ -248,7 +248,8 @@ def test_cuda_library_serves_small_calls_with_the_default_kernel(small_call_libr
 @pytest.mark.parametrize("stage", ["fwd", "bwd"])
 def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
     """A call of more than 2^31 elements per tensor (rmsnorm at hidden 4096, 2^19 + 3 rows: 4.3 GB
-    of bf16 per tensor) runs the int64 row kernel (the int32 one's offsets would wrap), and is
+    of bf16 per tensor) runs the int64 row kernel (the int32 one's offsets would wrap; compiled
+    on this first such call), and is
     right against float64 where a wrapped offset would land (the last rows), at the first rows,
     in every row's rsigma, and in dgamma, which sums all of them."""
     import warnings
@@ -262,7 +263,11 @@ def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kernel = reg.get(key, "cuda")
+    # the runtime's default-kernel cache (fresh in the tests) leaves the int64 row kernels to the
+    # first call past int32 offsets
+    assert kernel._wide is not None and part not in kernel._f
     assert not fits_int32(rows, hidden) and kernel.parts_for(rows)[part] is kernel._f[part]
+    assert kernel._wide is None
     assert kernel.parts_for(rows - 2048)[part] is not kernel._f[part]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)

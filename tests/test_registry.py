@@ -353,3 +353,64 @@ def test_int32_slack_covers_the_largest_block_of_the_space():
     from tvmnorm.runtime import _NARROW_SLACK_ROWS
     from tvmnorm.sched.space import ROWS
     assert _NARROW_SLACK_ROWS >= max(ROWS) * max(CUDA_CHUNK_ROWS)
+
+
+def test_int64_row_kernels_are_compiled_on_the_first_call_past_int32_offsets():
+    """A default kernel whose cache entry leaves the int64 row kernels out (Registry._default on
+    CUDA) compiles them once, on the first call that does not fit int32 offsets, and never for
+    calls that fit."""
+    from tvmnorm.runtime import NormKernel
+    key = NormKey(stage="bwd", hidden_size=4096)
+    calls = []
+    wide_dx = object()
+
+    def compile_wide():
+        calls.append(1)
+        return {"dx": wide_dx}
+    others = {"combine": object(), "finalize": object()}
+    narrow = {"dx": object()}
+    kernel = NormKernel(key, "cuda", dict(others), False, "default", narrow=narrow, wide=compile_wide)
+    assert kernel.parts_for(16384)["dx"] is narrow["dx"] and not calls
+    huge = (1 << 31) // 4096
+    assert kernel.parts_for(huge)["dx"] is wide_dx and kernel.parts_for(huge + 1)["dx"] is wide_dx
+    assert calls == [1] and kernel.parts_for(huge)["finalize"] is others["finalize"]
+
+
+def test_a_module_without_a_kernel_part_is_refused_clearly():
+    """A module that lacks one of a key's kernels (and no way to compile it) is refused by name,
+    not turned into a kernel that fails on its first call."""
+    from tvmnorm.runtime import _kernel_from_module
+
+    class Module:
+        def implements_function(self, name):
+            return not name.endswith("_finalize")
+
+        def __getitem__(self, name):
+            return object()
+    key = NormKey(stage="bwd", hidden_size=4096)
+    with pytest.raises(ValueError, match="lacks its finalize kernel"):
+        _kernel_from_module(key, "llvm", Module(), False, "test")
+
+
+def test_cuda_default_kernel_leaves_its_int64_row_kernels_to_the_first_call_past_int32(tmp_path, monkeypatch):
+    """On CUDA the runtime compiles a key's default kernels without the int64 row kernels (the
+    module here is compiled, not run: no GPU), and compiles those into a cache entry of their
+    own when a call needs them."""
+    import warnings
+
+    from tvmnorm.runtime import NARROW_PARTS, Registry, cache_dir
+    from tvmnorm.targets import target_name
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
+    key = NormKey(stage="bwd", hidden_size=1024)
+    reg = Registry()
+    reg.set_library("cuda", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = reg.get(key, "cuda")
+    assert kernel._wide is not None and "dx" not in kernel._f and set(kernel._f) == {"combine", "finalize"}
+    assert set(kernel._narrow) == {"dx", "combine", "finalize"} and NARROW_PARTS == ("fwd", "dx")
+    entry = cache_dir() / target_name("cuda")
+    assert (entry / f"{key.name}.so").exists() and not (entry / f"{key.name}.wide.so").exists()
+    wide = kernel.parts_for((1 << 31) // 1024)
+    assert kernel._wide is None and wide["dx"] is kernel._f["dx"] and wide["dx"] is not kernel._narrow["dx"]
+    assert (entry / f"{key.name}.wide.so").exists()

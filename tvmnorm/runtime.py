@@ -138,13 +138,16 @@ class NormKernel:
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
                  chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64,
-                 narrow: dict | None = None):
+                 narrow: dict | None = None, wide=None):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
         self.row_bits = row_bits  # 32: kernels with an int32 row count (compute.symbolic_rows)
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
         self.signature = signature(key)
         self._f = funcs  # part -> callable
         self._narrow = {**funcs, **(narrow or {})}
+        # () -> part -> callable: the int64 row kernels ``funcs`` lacks, compiled on the first
+        # call past int32 offsets (Registry._default)
+        self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
         self._ctype = TVM_DTYPE[key.ctype]
 
@@ -156,6 +159,11 @@ class NormKernel:
             # int32 offsets would wrap: the kernel would read and write the wrong elements
             raise ValueError(f"this kernel indexes rows in int32 and serves calls of fewer than 2^31 elements "
                              f"per tensor; got {rows} rows of {self.key.hidden_size}")
+        if self._wide is not None:
+            with self._wide_lock:
+                if self._wide is not None:
+                    self._f = {**self._f, **self._wide()}
+                    self._wide = None
         return self._f
 
     def forward_for(self, rows: int):
@@ -217,15 +225,20 @@ class NormKernel:
         self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
 
 
-def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64):
+def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64, wide=None):
     """A key's NormKernel from a module of key_funcs (or scheduled_funcs) symbols: the int32-row
-    and small-call kernels serve where the module holds them."""
+    and small-call kernels serve where the module holds them; ``wide`` compiles the int64 row
+    kernels it may leave out (Registry._default)."""
     from .compute.norms import parts_of
     have = lambda name: mod.implements_function(name)  # noqa: E731
     narrow = {p: mod[f"{narrow_prefix(key)}_{p}"] for p in NARROW_PARTS if have(f"{narrow_prefix(key)}_{p}")}
     small = {"fwd": mod[small_call_symbol(key)]} if have(small_call_symbol(key)) else None
-    return NormKernel(key, kind, {p: mod[f"{key.name}_{p}"] for p in parts_of(key, kind)}, tuned, origin,
-                      chunk_rows, small, row_bits, narrow)
+    funcs = {p: mod[f"{key.name}_{p}"] for p in parts_of(key, kind) if have(f"{key.name}_{p}")}
+    lacking = [p for p in parts_of(key, kind) if p not in funcs]
+    if lacking and (wide is None or any(p not in narrow for p in lacking)):
+        raise ValueError(f"module for {key.name} lacks its {', '.join(lacking)} kernel")
+    return NormKernel(key, kind, funcs, tuned, origin, chunk_rows, small, row_bits, narrow,
+                      wide if lacking else None)
 
 
 def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64) -> NormKernel:
@@ -391,22 +404,39 @@ class Registry:
             return kernel
 
     def _default(self, key, kind):
-        from ._tvm import load_module
+        """The default schedule's kernels of a key, from the disk cache or compiled into it. On
+        CUDA the int64 row kernels, which only calls past int32 offsets run, are left out of the
+        first compile (half the row-kernel code for the JIT) and compiled into their own cache
+        entry on the first such call; a cache entry that holds them (scripts/warm_cache.py
+        builds every kernel of key_funcs) serves them at once."""
+        from .compute.norms import parts_of
         path = cache_dir() / target_name(kind) / f"{key.name}.so"
-        with _file_lock(path.with_suffix(".lock")):
-            mod = None
-            if path.exists():
-                try:
-                    mod = load_module(str(path))
-                except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
-                    mod = None
-            if mod is None:
-                ex = compile_funcs(key_funcs(key, kind), kind)
-                tmp = path.with_suffix(f".tmp{os.getpid()}.so")
-                ex.export_library(str(tmp))
-                os.replace(tmp, path)
-                mod = ex.mod
-        return _kernel_from_module(key, kind, mod, False, "default")
+        row = ({f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else set())
+        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind).items() if s not in row})
+
+        def compile_wide():
+            wmod = _cached_module(path.with_name(f"{key.name}.wide.so"), kind,
+                                  lambda: {s: f for s, f in scheduled_funcs(key, kind).items() if s in row})
+            return {s[len(key.name) + 1:]: wmod[s] for s in row}
+        return _kernel_from_module(key, kind, mod, False, "default",
+                                   wide=None if all(mod.implements_function(s) for s in row) else compile_wide)
+
+
+def _cached_module(path: pathlib.Path, kind: str, funcs):
+    """The module at ``path`` in the default-kernel cache, or ``funcs()`` compiled into it (under
+    a file lock, written whole: a damaged entry is rebuilt, a concurrent process waits)."""
+    from ._tvm import load_module
+    with _file_lock(path.with_suffix(".lock")):
+        if path.exists():
+            try:
+                return load_module(str(path))
+            except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
+                pass
+        ex = compile_funcs(funcs(), kind)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.so")
+        ex.export_library(str(tmp))
+        os.replace(tmp, path)
+        return ex.mod
 
 
 REGISTRY = Registry()
