@@ -411,15 +411,17 @@ class Registry:
         builds every kernel of key_funcs) serves them at once."""
         from .compute.norms import parts_of
         path = cache_dir() / target_name(kind) / f"{key.name}.so"
-        row = ({f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else set())
-        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind).items() if s not in row})
+        # part -> symbol of the int64 row kernels left to compile_wide
+        row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})
+        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind).items()
+                                                  if s not in row.values()})
 
         def compile_wide():
             wmod = _cached_module(path.with_name(f"{key.name}.wide.so"), kind,
-                                  lambda: {s: f for s, f in scheduled_funcs(key, kind).items() if s in row})
-            return {s[len(key.name) + 1:]: wmod[s] for s in row}
+                                  lambda: scheduled_funcs(key, kind, parts=row))
+            return {p: wmod[s] for p, s in row.items()}
         return _kernel_from_module(key, kind, mod, False, "default",
-                                   wide=None if all(mod.implements_function(s) for s in row) else compile_wide)
+                                   wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide)
 
 
 def _cached_module(path: pathlib.Path, kind: str, funcs):

@@ -254,6 +254,12 @@ def measure_schedules(items, kind: str, builder, runner) -> list:
     return out
 
 
+def record_trace(trace):
+    """A trace as a record keeps it (schedules/): its JSON form without postprocessors, with the
+    decisions' TVM values as plain JSON values."""
+    return json.loads(json.dumps(trace.as_json(remove_postproc=True), default=lambda o: o.value))
+
+
 def is_default_trace(trace) -> bool:
     """A trace of the default rule (seed_candidates) samples nothing; every design-space trace does."""
     return not any(inst.kind.name == "SampleCategorical" for inst in trace.insts)
@@ -371,8 +377,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
                                             "trials": trials, "parts": {}, "run_us": {}})
         if part in r["run_us"] and r["run_us"][part] <= us:
             continue  # another chunk size of this part measured faster
-        r["parts"][part] = json.loads(json.dumps(rec.trace.as_json(remove_postproc=True),
-                                                 default=lambda o: o.value))
+        r["parts"][part] = record_trace(rec.trace)
         r["run_us"][part] = us
         defaults[key.pack(), part] = is_default_trace(rec.trace)
         if chunk is not None:
@@ -604,7 +609,7 @@ def default_record(key: NormKey, kind: str, lost: dict, why: str) -> dict:
     parts = {}
     for part in lost.get("parts", {}):
         sch = default_schedule(tuning_func(key, part, lost["rows"], kind, chunk), part, kind, DTYPE_BYTES[key.itype])
-        parts[part] = json.loads(json.dumps(sch.trace.as_json(remove_postproc=True), default=lambda o: o.value))
+        parts[part] = record_trace(sch.trace)
     rec = {k: v for k, v in lost.items() if k not in ("parts", "run_us", "rows_per_partial", "default_won")}
     rec.update(parts=parts, default_won=sorted(parts), lost_in_library=why)
     if chunk is not None:
@@ -647,7 +652,8 @@ def accept_main(argv=None) -> int:
     accepted = read(args.accepted)[1] if args.accepted else None
     previous = [json.loads(pathlib.Path(path).read_text()) for path in args.previous]
     kind = "llvm" if data.get("target", {}).get("kind") == "llvm" else "cuda"
-    to_default = None if args.drop else (lambda packed, rec, why: default_record(NormKey.unpack(packed), kind, rec, why))
+    to_default = None if args.drop else (
+        lambda packed, rec, why: default_record(NormKey.unpack(packed), kind, rec, why))
     kept, dropped = accept_records(records, json.loads(pathlib.Path(args.bench).read_text()), args.slack, accepted,
                                    previous, to_default)
     for packed, why in sorted(dropped.items()):
