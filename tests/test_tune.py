@@ -386,6 +386,16 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     before = {NormKey(hidden_size=512).pack(): {"key": "never benchmarked"}}
     kept, _ = accept_records(records, bench, accepted=before)
     assert NormKey(hidden_size=512).pack() in kept
+    # so does one whose tuned cell is "missing": a tune job's library holds the job's keys only
+    # (the eleventh lease's fp16 job dropped 10 committed records that way), and a
+    # default-schedule record is served as the default; a new record there is not benchmarked
+    k512 = NormKey(hidden_size=512).pack()
+    gap = {"records": bench["records"] + [dict(rec(512, "tvmnorm_tuned", 0.0, "missing"), us=None),
+                                          rec(512, "tvmnorm_default", 8.0)]}
+    kept, dropped = accept_records(records, gap, accepted=before)
+    assert kept[k512] == before[k512] and k512 not in dropped
+    kept, dropped = accept_records(records, gap)
+    assert k512 not in kept and dropped[k512] == "not benchmarked"
     # a retuned record slower than the committed one it replaces (as the committed library's
     # benchmark measured it) gives way to it; an unchanged or faster one is kept
     committed = {keys[1024].pack(): {"key": keys[1024].name, "parts": "old"},

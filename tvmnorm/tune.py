@@ -546,7 +546,8 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     ``tvmnorm_default`` (within ``slack``) at every row count benchmarked for it. Tuning
     measures a static-row candidate, the library runs the symbolic-row kernel, and a record
     that lost to the default in the library (three did on the H200) must not ship.
-    ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover stays only if
+    ``bench`` is a ``tvmnorm bench`` JSON. A record the benchmark did not cover (no tuned cell,
+    or one "missing": its library lacked the key or served it the default) stays only if
     ``accepted`` (the records accepted before, e.g. the committed schedules) holds the same trace.
     A retuned record (its trace differs from the ``accepted`` one) that fails gives way to the
     record it would replace, which stays in ``kept``; so does one that ran slower (beyond
@@ -563,15 +564,18 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
     before_runs = _previous_runs(previous, accepted)
     kept, dropped = {}, {}
     for packed, rec in records.items():
-        seen = [(rows, impls) for (k, rows), impls in runs.items() if k == packed]
+        # a "missing" tuned cell is a library that did not run this record (a tune job's library
+        # holds the job's keys only; a default-schedule record is served as the default): no verdict
+        seen = [(rows, impls) for (k, rows), impls in runs.items()
+                if k == packed and impls.get("tvmnorm_tuned", {}).get("status", "missing") != "missing"]
         before = (accepted or {}).get(packed)
         # the same traces at another T are another kernel: the fingerprint tells them apart
         retuned = bool(before) and record_fingerprint(before) != record_fingerprint(rec)
         reason = None if seen or (before and not retuned) else "not benchmarked"
         for rows, impls in seen:
             tuned, default = impls.get("tvmnorm_tuned", {}), impls.get("tvmnorm_default", {})
-            if tuned.get("status") != "ok":
-                reason = f"tuned kernel {tuned.get('status', 'missing')} at {rows} rows"
+            if tuned["status"] != "ok":
+                reason = f"tuned kernel {tuned['status']} at {rows} rows"
             elif default.get("status") == "ok" and tuned["us"] > default["us"] * (1 + slack):
                 reason = f"slower than the default at {rows} rows ({tuned['us']:.1f} vs {default['us']:.1f} us)"
             if reason:
