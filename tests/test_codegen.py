@@ -11,9 +11,10 @@ from tvmnorm.build import compile_funcs, scheduled_funcs
 from tvmnorm.compute.norms import AMAX_CHUNK
 
 
-def cuda_source(key: NormKey, row_config=None) -> str:
-    """The key's CUDA source; ``row_config`` schedules its row kernel (a point of the space)."""
-    ex = compile_funcs(scheduled_funcs(key, "cuda", row_config=row_config), "cuda")
+def cuda_source(key: NormKey, row_config=None, group_rows: int = 1) -> str:
+    """The key's CUDA source; ``row_config`` schedules its row kernel (a point of the space),
+    ``group_rows`` is its dx kernel's rows per row reduction."""
+    ex = compile_funcs(scheduled_funcs(key, "cuda", row_config=row_config, group_rows=group_rows), "cuda")
     assert [m.kind for m in ex.mod.imports] == ["cuda"]
     return ex.mod.imports[0].inspect_source()
 
@@ -156,6 +157,38 @@ def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
     assert per_row["layernorm"] == per_row["rmsnorm"] == 2
     ln = sources["layernorm"]
     assert "red_buf1" in ln, "the two sums do not share one allreduce"
+
+
+@pytest.mark.parametrize("norm,hidden,threads,group", [
+    ("layernorm", 4096, 256, 2), ("rmsnorm", 4096, 256, 4), ("layernorm", 1000, 128, 2), ("rmsnorm", 7168, 448, 2)])
+def test_grouped_dx_reduces_a_group_of_rows_in_one_allreduce(norm, hidden, threads, group):
+    """With P rows per row reduction (compute.norms._group_sums) a multi-warp row's dx kernel
+    has the barriers of one allreduce per group of P rows, where P rows loaded at once without
+    it have P allreduces; the rows' statistics and sums stay in registers indexed by constants
+    (no row selected at run time)."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=1, vec=8, prefetch=group)
+    grouped = kernel(cuda_source(key, row_config=cfg, group_rows=group), "dx")
+    per_row = kernel(cuda_source(key, row_config=cfg), "dx")
+    assert "red_buf_staging" in grouped, "expected a multi-warp allreduce at this width"
+    assert per_row.count("__syncthreads") == group * grouped.count("__syncthreads") == group * 2
+    stats = ("mu_local_ptr", "rsigma_local_ptr") if norm == "layernorm" else ("rsigma_local_ptr",)
+    for buf in stats:
+        assert re.search(rf" {buf}\[(\d+)\];", grouped)[1] == str(group), buf
+    sums = set(re.findall(r"\b((?:c12|c2)_v\d+)_local_ptr\[0\]", grouped))
+    assert len(sums) == group * (2 if norm == "layernorm" else 1), sums
+    assert not re.search(r"\? *\(?(c12|c2)_v\d", grouped), "a row's sum is selected at run time"
+
+
+def test_grouped_rows_need_cuda_and_a_divisor_of_the_chunk():
+    from tvmnorm.compute.norms import dx
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
+    for kind, group in (("llvm", 2), ("cuda", 3), ("cuda", 0)):
+        with pytest.raises(ValueError, match="rows per group"):
+            dx(key, kind, group_rows=group)
+    assert dx(key, "cuda", group_rows=4).attrs["tvmnorm.rows_per_group"] == 4
+    assert "tvmnorm.rows_per_group" not in dx(key, "cuda").attrs
 
 
 @pytest.mark.parametrize("norm,hidden,threads,prefetch,stages", [

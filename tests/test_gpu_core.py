@@ -175,6 +175,24 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, 31, 33, 4097))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,group", [
+    ("layernorm", "bwd", "bf16", 7168, 448, 8, 2), ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4),
+    ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 2), ("rmsnorm", "bwd_add", "fp16", 4095, 1024, 1, 2),
+    ("layernorm", "bwd", "bf16", 128, 16, 8, 4), ("rmsnorm", "bwd", "bf16", 1024, 64, 8, 8),
+    ("layernorm", "bwd", "fp16", 2048, 128, 8, 2)])
+def test_cuda_grouped_dx(norm, stage, dtype, hidden, threads, vec, group, rows, rng, seed):
+    """The dx kernel whose row sums are one reduction per group of P rows (one allreduce of P
+    rows' sums: compute.norms._group_sums): right against float64 with one row, a chunk one row
+    short of T = 32 (a last group short of P rows), a second chunk of one row, odd widths with a
+    column tail, several chunk lanes per block, and bwd_add."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, prefetch=group)
+    kernel = variant_kernel(key, "cuda", cfg, group_rows=group)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, 257))
 @pytest.mark.parametrize("norm,dtype,otype,hidden,threads,vec", [
     ("rmsnorm", "bf16", "bf16", 8192, 1024, 8), ("layernorm", "bf16", "bf16", 7168, 256, 4),

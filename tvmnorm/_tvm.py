@@ -38,6 +38,29 @@ IRModule = tvm.IRModule
 PrimFunc = tirx.PrimFunc
 
 
+def _register_sum_reducers(most: int = 16):
+    """Let TVM's cross-thread reduction (and rfactor) match sums of 3..``most`` values: a tuple
+    reduction is lowered to one allreduce only if its combiner is a registered reducer, and TVM
+    registers sums of one or two. The dx kernel of grouped rows (compute.norms._group_sums)
+    reduces P rows' sums at once. The Python callbacks are kept in TVM's global function table
+    too, which outlives the interpreter: held only by the reducer table, they were released
+    after Python shut down ("double free" at every exit)."""
+    def combine(x, y):
+        return [a + b for a, b in zip(x, y)]
+
+    def identity(values):
+        return [tirx.const(0.0, v.ty) for v in values]
+    tvm_ffi.register_global_func("tvmnorm.sum_reducer.combine", combine)
+    tvm_ffi.register_global_func("tvmnorm.sum_reducer.identity", identity)
+    register = tvm_ffi.get_global_func("s_tir.schedule.RegisterReducer")
+    for n in range(3, most + 1):
+        register(n, tvm_ffi.get_global_func("tvmnorm.sum_reducer.combine"),
+                 tvm_ffi.get_global_func("tvmnorm.sum_reducer.identity"))
+
+
+_register_sum_reducers()
+
+
 def target(spec: dict) -> "tvm.target.Target":
     return tvm.target.Target(spec)
 

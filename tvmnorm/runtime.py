@@ -241,12 +241,13 @@ def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits
                       wide if lacking else None)
 
 
-def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64) -> NormKernel:
+def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64, group_rows: int = 1) -> NormKernel:
     """The key's kernels with its row kernel (fwd, or the backward's dx) scheduled by
     ``row_config`` (a CudaRowConfig or CpuRowConfig: a point of the tuned space; None: the
-    default rule's) and an int``row_bits`` row count, compiled in this process: the GPU tests
-    and the bench probes check and time such points."""
-    funcs = scheduled_funcs(key, kind, row_config=row_config, row_bits=row_bits)
+    default rule's), an int``row_bits`` row count and ``group_rows`` rows per row reduction of
+    the dx kernel, compiled in this process: the GPU tests and the bench probes check and time
+    such points."""
+    funcs = scheduled_funcs(key, kind, row_config=row_config, row_bits=row_bits, group_rows=group_rows)
     return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, False, "variant",
                                chunk_rows_of(funcs), row_bits=row_bits)
 

@@ -45,6 +45,8 @@ KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"),
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
 # definition to the schedule, which splits the row loop by it.
 ROWS_PER_PARTIAL_ATTR = "tvmnorm.rows_per_partial"
+# The PrimFunc attribute that carries P (rows whose row sums are one reduction, CUDA dx only).
+ROWS_PER_GROUP_ATTR = "tvmnorm.rows_per_group"
 
 
 def rows_per_partial(key: NormKey, kind: str) -> int:
@@ -265,15 +267,53 @@ def _bwd_inputs(key: NormKey, N, H=None):
     return dy, x, mu, rs
 
 
-def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
+def _group_sums(N, H, P, terms, name):
+    """The row sums of P rows at once, one tuple reduction per group g of rows g*P .. g*P+P-1:
+    on CUDA one cross-thread allreduce of P x len(terms(i, k)) values, whose barriers a group
+    shares, where one reduction per row pays them P times (a chunk's rows are walked serially,
+    and on the H200 those barriers, not the loads, bounded the walk: pipelining the loads
+    gained 0.5-9%). Rows past n (the last group of an odd count) add zeros. Returns
+    pick(v, i): row i's v-th sum."""
+    k = te.reduce_axis((0, H), name="k")
+    width = len(terms(0, k))
+    # written as the region of floordiv(i, P) over rows i < n comes out, (n - 1) // P + 1, so
+    # the schedule sees the readers of the sums covered (ceildiv(n, P) was not proved equal)
+    G = -(-N // P) if isinstance(N, int) else tirx.floordiv(N - 1, P) + 1
+    red = te.comm_reducer(lambda a, b: tuple(u + v for u, v in zip(a, b)),
+                          lambda *ts: tuple(tirx.const(0.0, t) for t in ts), name=f"sum{width * P}")
+
+    def values(g):
+        out = []
+        for p in range(P):
+            i = g * P + p
+            out += [te.if_then_else(i < N, v, tirx.const(0.0, v.ty)) for v in terms(i, k)]
+        return tuple(out)
+    sums = te.compute((G,), lambda g: red(values(g), axis=k), name=name)
+    sums = sums if isinstance(sums, (list, tuple)) else [sums]
+
+    def pick(v, i):
+        g = tirx.floordiv(i, P)
+        e = sums[width * (P - 1) + v][g]
+        for p in reversed(range(P - 1)):
+            e = tirx.Select(tirx.floormod(i, P) == p, sums[width * p + v][g], e)
+        return e
+    return pick
+
+
+def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_rows=1):
     """dx = rsigma * (dy*g - mean(dy*g) [LN only] - xhat * mean(dy*g*xhat)) (+ dz for bwd_add),
     and the weight-gradient partials of chunks of T = rows_per_partial(key, kind) rows:
     part[0, q, j] = sum_t dy*xhat and (LayerNorm) part[1, q, j] = sum_t dy over rows q*T + t < n.
     One reduction block with an s axis computes both (TVM's tuple reductions miscompile bf16 on
     llvm), so dy and x are read once for both sums. ``chunk_rows`` overrides T (a tuned record's
-    ``rows_per_partial``)."""
+    ``rows_per_partial``). ``group_rows`` P > 1 (CUDA, P dividing T) computes the row sums of P
+    rows as one reduction (_group_sums)."""
     c, up, gamma = _loaders(key)
     N = _rows(rows)
+    T = chunk_rows or rows_per_partial(key, kind)
+    P = group_rows
+    if P != 1 and (kind != "cuda" or P < 1 or T % P):
+        raise ValueError(f"rows per group must be 1, or on cuda divide the chunk of {T} rows; got {P}")
     # on cuda one index dtype for every axis (int64 with the symbolic n): the CUDA schedule
     # transforms the layout of its register buffers, which refuses mixed index dtypes, and its
     # thread loops over columns must have the dtype of the other stages' thread loops. llvm keeps
@@ -288,7 +328,13 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
             else (lambda i, j: up(x[i, j]) * rs[i]))
     dyg = lambda i, j: up(dy[i, j]) * g(j)  # noqa: E731
     k = te.reduce_axis((0, H), name="k")
-    if mu is not None and kind == "cuda":
+    if P > 1:
+        terms = ((lambda i, k_: (dyg(i, k_), dyg(i, k_) * xhat(i, k_))) if mu is not None
+                 else (lambda i, k_: (dyg(i, k_) * xhat(i, k_),)))
+        pick = _group_sums(N, H, P, terms, "c12" if mu is not None else "c2")
+        corr = ((lambda i, j: (pick(0, i) + xhat(i, j) * pick(1, i)) * inv_h) if mu is not None
+                else (lambda i, j: xhat(i, j) * pick(0, i) * inv_h))
+    elif mu is not None and kind == "cuda":
         # c1 = sum(dyg) and c2 = sum(dyg * xhat) as one tuple reduction: one cross-thread
         # allreduce of two values per row instead of two chained ones, which halves the
         # barriers per row of a multi-warp row. c2 drops the -mean(dyg) term, which multiplies
@@ -317,7 +363,6 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
         grad = lambda i, j: base(i, j) + up(dz[i, j])  # noqa: E731
     out = te.compute((N, H), lambda i, j: grad(i, j).astype(TVM_DTYPE[key.itype]), name="dx")
     ins = [dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra
-    T = chunk_rows or rows_per_partial(key, kind)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
     Q = -(-N // T) if isinstance(N, int) else tirx.floordiv(N + (T - 1), T)
@@ -338,8 +383,8 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None):
     shape = (tirx.const(2 if mu is not None else 1, idx), Q, H)
     part = te.compute(shape, lambda s_, q, j: te.sum(te.if_then_else(
         q * T + t < N, term(s_, row(q, t), j), zero), axis=t), name="part")
-    func = _func(ins + [out, part], name)
-    return func.with_attr(ROWS_PER_PARTIAL_ATTR, T)
+    func = _func(ins + [out, part], name).with_attr(ROWS_PER_PARTIAL_ATTR, T)
+    return func.with_attr(ROWS_PER_GROUP_ATTR, P) if P > 1 else func
 
 
 def _partial_count(partials):
@@ -405,11 +450,12 @@ def combine(key: NormKey, name="combine", partials=None):
     return _func([part, mid], name)
 
 
-def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=None) -> dict:
+def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=None, group_rows=1) -> dict:
     """part name -> PrimFunc for this key on target ``kind`` (the fused dx kernel's chunk size
-    depends on it, unless ``chunk_rows`` sets it), global symbols ``<prefix>_<part>``."""
+    depends on it, unless ``chunk_rows`` sets it; ``group_rows``: its rows per row reduction),
+    global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, kind, rows, n), "amax": lambda n: amax(rows, n),
-             "dx": lambda n: dx(key, kind, rows, n, chunk_rows), "combine": lambda n: combine(key, n),
+             "dx": lambda n: dx(key, kind, rows, n, chunk_rows, group_rows), "combine": lambda n: combine(key, n),
              "finalize": lambda n: finalize(key, kind, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

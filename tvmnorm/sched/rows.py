@@ -7,7 +7,9 @@ every stage of a row under that row loop, and splits each stage's hidden loop ov
 
 On CUDA the fused dx kernel's chunk is walked by one block lane (threadIdx.y): its rows are
 loaded ``prefetch`` at a time into registers that every stage reads, and the running sums stay
-in registers (``_cuda_row_registers``, ``_cuda_partials``).
+in registers (``_cuda_row_registers``, ``_cuda_partials``). A dx compute of grouped row sums
+(P rows per reduction, ``compute.norms._group_sums``) makes the group of ``prefetch`` = P rows
+the compute's own: one allreduce per group instead of one per row (``_chunk_groups``).
 
 On llvm the dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j]
 sums chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
@@ -25,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import UNROLL_BY, Schedule, tirx
-from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
+from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
 
@@ -110,6 +112,29 @@ def _rows_per_partial(sch) -> int:
     return int(attrs[ROWS_PER_PARTIAL_ATTR])
 
 
+def _rows_per_group(sch) -> int:
+    attrs = sch.mod["main"].attrs
+    return int(attrs[ROWS_PER_GROUP_ATTR]) if attrs is not None and ROWS_PER_GROUP_ATTR in attrs else 1
+
+
+def _chunk_groups(sch, chain, part, P):
+    """_chunk_rows for a dx kernel whose row sums are one reduction per group of P rows
+    (compute.norms._group_sums): the anchor's loop runs over groups, split by T/P into (chunk q,
+    group g of the chunk); the later stages go under g, each with a loop over the group's P
+    rows, and the partial block's row loop t is split into (g, row of the group) and merged
+    likewise. Returns the merged (q, g) loops."""
+    T = _rows_per_partial(sch)
+    q, g = sch.split(sch.get_loops(chain[0])[0], [None, T // P])
+    for blk in chain[1:]:
+        sch.reverse_compute_at(blk, g, preserve_unit_loops=True)
+    s_, qp, j, tp = sch.get_loops(part)
+    gp, rp = sch.split(tp, [None, P])
+    sch.reorder(qp, gp, rp, s_, j)
+    q = sch.merge(q, qp)
+    g = sch.merge(sch.get_loops(chain[0])[1], sch.get_loops(part)[1])
+    return q, g
+
+
 def _chunk_rows(sch, chain, part):
     """Fuse the partial block into the row loop of the dx chain: split the anchor's row loop by
     T (the static chunk size; a symbolic split factor is refused), move the chain under the row
@@ -161,10 +186,13 @@ def _vector_io(sch, blk, outer, skip=()):
         sch.vectorize(sch.get_loops(wb)[-1])
 
 
-def _row_scalars(sch, row):
+def _row_scalars(sch, row, group: int = 1):
     """Load the per-row statistics (dx's mu and rsigma) into registers once per row (``row``: the
     row loop) for every stage that reads them, where nvcc loaded them again for every element.
-    The loads take the row guard from the buffers' extent, as the row registers do."""
+    The loads take the row guard from the buffers' extent, as the row registers do. With
+    ``group`` > 1 ``row`` is a group of that many rows, whose statistics are indexed by the
+    row's place in the group (as _thread_layout's rows; compaction alone sized them as every
+    row of the launch)."""
     root = sch.get_sblock("root")
     for name in ROW_STAT_OPERANDS:
         readers = [b for b in sch.get_child_blocks(root) if any(r.source.name == name for r in sch.get(b).reads)]
@@ -172,6 +200,9 @@ def _row_scalars(sch, row):
             idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
             cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
             sch.compute_at(cache, row, preserve_unit_loops=True)
+            if group > 1:
+                sch.unroll(sch.get_loops(cache)[-1])
+                sch.transform_layout(cache, ("write", 0), lambda i: (i % group,), assume_injective_transform=True)
 
 
 def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
@@ -191,6 +222,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     """
     sch = sch or Schedule(func)
     part = _named_block(sch, PART_BLOCK)
+    group_sums = None
     # the row operands loaded once into registers that every stage reads: the stages' loops
     # then index registers (constant indices, fully unrolled)
     kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
@@ -205,11 +237,24 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         depth = 2
     else:
         blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
-        q, t = _chunk_rows(sch, blocks, part)
-        bx, ty = sch.split(q, [None, cfg.rows])
-        group, row = sch.split(t, [None, cfg.prefetch])
-        sch.unroll(row)  # the rows' registers are indexed by it: constant indices
-        _row_scalars(sch, row)
+        grouped = _rows_per_group(sch)
+        if grouped > 1:
+            # the group of rows is the compute's (one reduction of P rows): it is the prefetch
+            cfg = dataclasses.replace(cfg, prefetch=grouped)
+            if cfg.stages > 1:
+                raise ValueError("a dx kernel of grouped row sums is not pipelined (stages must be 1)")
+            q, group = _chunk_groups(sch, blocks, part, grouped)
+            group_sums = blocks[0]
+            bx, ty = sch.split(q, [None, cfg.rows])
+            for blk in blocks[1:] + [part]:
+                sch.unroll(sch.get_loops(blk)[3])  # the group's rows index its registers
+            _row_scalars(sch, group, grouped)
+        else:
+            q, t = _chunk_rows(sch, blocks, part)
+            bx, ty = sch.split(q, [None, cfg.rows])
+            group, row = sch.split(t, [None, cfg.prefetch])
+            sch.unroll(row)  # the rows' registers are indexed by it: constant indices
+            _row_scalars(sch, row)
         depth = 4  # (block, chunk lane, group of rows, row of the group)
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
@@ -222,7 +267,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         two_d = len(sch.get(blk).iter_vars) == 2
         if not two_d and scope == "local" and not is_reduction(sch, blk):
             continue  # a per-row scalar computed by every thread of the row
-        loop = _inner_loop(sch, blk, depth)
+        # a grouped reduction (the anchor) has no row loop of its own under the group
+        loop = _inner_loop(sch, blk, depth - (blk is group_sums))
         vec = cfg.vec if two_d else 1
         outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
         sch.reorder(tx, outer, v)
