@@ -173,40 +173,47 @@ def test_merge(run_dir, tmp_path):
 def test_merge_keeps_the_measurements_of_the_committed_records(run_dir, tmp_path):
     """merge(records=): each case's rows come from the last run whose library ran the committed
     record of its key (all impls of that run), impls that run lacks from another run, and a
-    tuned row of another record is left out."""
+    tuned row of another record is left out; except at a decode-sized forward call, which every
+    library serves with the default's small-call kernel, whatever its record."""
     from tvmnorm.build import record_fingerprint
     base = json.loads((run_dir / "t.json").read_text())
-    case = ("rmsnorm_fwd", "bf16", 64, 7)
-    key = bench.Case(*case, 7, "tokens", "", "").key().pack()
+    case, small = ("rmsnorm_bwd", "bf16", 64, 7), ("rmsnorm_fwd", "bf16", 64, 7)
+    keys = {c: bench.Case(*c, 7, "tokens", "", "").key().pack() for c in (case, small)}
     committed = {"parts": {"fwd": "the committed trace"}}
     other = {"parts": {"fwd": "a superseded trace"}}
 
     def run(name, record, us, extra_impl=None):
         data = copy.deepcopy(base)
-        data["meta"]["library"] = {"records": {str(key): record_fingerprint(record)}}
-        rows = [r for r in data["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == case]
-        default = next(r for r in rows if r["impl"] == "tvmnorm_default")
-        data["records"].remove(next(r for r in rows if r["impl"] == "tvmnorm_tuned"))
-        data["records"].append(dict(default, impl="tvmnorm_tuned", us=us))
-        next(r for r in rows if r["impl"] == "torch_eager")["us"] = 10 * us
-        if extra_impl:
-            data["records"].append(dict(default, impl=extra_impl, us=5.0))
+        data["meta"]["library"] = {"records": {str(k): record_fingerprint(record) for k in keys.values()}}
+        for c in keys:
+            rows = [r for r in data["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == c]
+            default = next(r for r in rows if r["impl"] == "tvmnorm_default")
+            data["records"].remove(next(r for r in rows if r["impl"] == "tvmnorm_tuned"))
+            data["records"].append(dict(default, impl="tvmnorm_tuned", us=us))
+            next(r for r in rows if r["impl"] == "torch_eager")["us"] = 10 * us
+            if extra_impl:
+                data["records"].append(dict(default, impl=extra_impl, us=5.0))
         (tmp_path / name).write_text(json.dumps(data))
         return str(tmp_path / name)
     paths = [run("a.json", committed, 1.0, extra_impl="torch_compile"), run("b.json", committed, 2.0),
              run("c.json", other, 0.5), str(run_dir / "t.json")]  # t: no library, the tuned cell "missing"
-    merged = bench.merge(paths, {f"{key:#x}": committed})
+    merged = bench.merge(paths, {f"{k:#x}": committed for k in keys.values()})
     bench.validate(merged)
-    got = {r["impl"]: r for r in merged["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == case}
+
+    def rows_of(c):
+        return {r["impl"]: r for r in merged["records"] if (r["op"], r["dtype"], r["hidden"], r["rows"]) == c}
+    got = rows_of(case)
     assert got["tvmnorm_tuned"]["us"] == 2.0 and got["tvmnorm_tuned"]["run"] == 1  # b: the last to run it
     assert got["torch_eager"]["us"] == 20.0 and got["torch_compile"]["run"] == 0  # b's peers; a's compile
+    got = rows_of(small)  # c's library held another record, but served this call the same kernel
+    assert got["tvmnorm_tuned"]["us"] == 0.5 and got["tvmnorm_tuned"]["run"] == 2
     # a case no run measured the record of keeps its other impls and no tuned row (t's is "missing")
     lone = [r for r in merged["records"] if (r["op"], r["hidden"]) == ("layernorm_bwd", 200)]
     assert lone and all(r["impl"] != "tvmnorm_tuned" and r["run"] == 3 for r in lone)
     n = len([r for r in merged["records"]])
     assert n == len({(r["op"], r["dtype"], r["hidden"], r["rows"], r["impl"]) for r in merged["records"]})
     # without records every row of every file stays, each naming its file
-    assert len(bench.merge(paths)["records"]) == 4 * len(base["records"]) + 1
+    assert len(bench.merge(paths)["records"]) == 4 * len(base["records"]) + 2
 
 
 def test_host_lock_keeps_timing_apart_from_setup(tmp_path):

@@ -1125,8 +1125,11 @@ def merge(paths, records: dict | None = None) -> dict:
     whose library ran the key's record (the fingerprint its meta.library.records keeps; a file
     that does not say counts), all implementations measured in that run, and the ones that run
     lacks (torch.compile, which a tune job's benchmark leaves out) from the last other file that
-    has them. A case no such file measured keeps its other implementations and no tuned row."""
+    has them. A case no such file measured keeps its other implementations and no tuned row. A
+    decode-sized forward call (runtime.is_small_call) counts from any library with a record of
+    its key: each serves it the default's small-call kernel, whatever the record."""
     from .build import record_fingerprint
+    from .runtime import is_small_call
     parts = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     if not parts:
         raise SystemExit("--merge needs at least one file")
@@ -1145,9 +1148,10 @@ def merge(paths, records: dict | None = None) -> dict:
 
     def ran_the_record(r) -> bool:
         q = parts[r["run"]]
-        key = record_key(r, q["meta"].get("fp8_format")).pack()
+        key = record_key(r, q["meta"].get("fp8_format"))
         ran = ((q["meta"].get("library") or {}).get("records") or {})
-        return str(key) not in ran or ran[str(key)] == wanted.get(key)
+        return (str(key.pack()) not in ran or ran[str(key.pack())] == wanted.get(key.pack())
+                or is_small_call(key, r["rows"]))
     cases = {}
     for r in rows:
         cases.setdefault((r["op"], r["dtype"], r["hidden"], r["rows"]), []).append(r)
