@@ -41,7 +41,7 @@ PrimFunc = tirx.PrimFunc
 def _register_sum_reducers(most: int = 16):
     """Let TVM's cross-thread reduction (and rfactor) match sums of 3..``most`` values: a tuple
     reduction is lowered to one allreduce only if its combiner is a registered reducer, and TVM
-    registers sums of one or two. The dx kernel of grouped rows (compute.norms._group_sums)
+    matches sums of one or two values only. The dx kernel of grouped rows (compute.norms._group_sums)
     reduces P rows' sums at once. The Python callbacks are kept in TVM's global function table
     too, which outlives the interpreter: held only by the reducer table, they were released
     after Python shut down ("double free" at every exit)."""

@@ -47,22 +47,21 @@ def file_sha256(path) -> str:
 
 
 def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None,
-                    row_bits: int = 64, parts=None, prefix: str | None = None, group_rows: int | None = None) -> dict:
+                    row_bits: int = 64, parts=None, prefix: str | None = None, group_rows: int = 1) -> dict:
     """symbol -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
     (its trace replayed on the symbolic-row function) and the default rule otherwise.
     ``row_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
     row kernel (fwd, or the backward's dx) instead (tests and bench/bwd_parts.py time and check such points).
     ``row_bits`` = 32 gives the kernels an int32 row count (compute.symbolic_rows); ``parts``
     keeps only those kernels, named ``<prefix>_<part>`` (default prefix: the key's name).
-    ``group_rows`` (else the record's ``rows_per_group``, else 1) is the dx kernel's rows per
-    row reduction (compute.norms._group_sums)."""
+    ``group_rows`` is the dx kernel's rows per row reduction (compute.norms._group_sums; a probe
+    variant, no record has it)."""
     from . import compute
     from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
     from .sched.rows import schedule_rows_cpu, schedule_rows_cuda
     out = {}
     chunk_rows = (record or {}).get("rows_per_partial")
-    group_rows = group_rows or (record or {}).get("rows_per_group", 1)
     rows = None if row_bits == 64 else compute.symbolic_rows(row_bits)
     for part, func in compute.kernel_funcs(key, kind, rows=rows, prefix=prefix, chunk_rows=chunk_rows,
                                            group_rows=group_rows).items():
@@ -126,13 +125,11 @@ def small_call_funcs(key: NormKey, kind: str) -> dict:
 
 
 def record_fingerprint(record: dict | None) -> str | None:
-    """What identifies a tuned record's kernel (its traces, T and P): the manifest keeps it, so a
+    """What identifies a tuned record's kernel (its traces and T): the manifest keeps it, so a
     benchmark of a library says which records it measured (tune accept --previous)."""
     if not record:
         return None
     what = {"parts": record.get("parts"), "rows_per_partial": record.get("rows_per_partial")}
-    if record.get("rows_per_group", 1) != 1:  # absent from the records before grouped row sums
-        what["rows_per_group"] = record["rows_per_group"]
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

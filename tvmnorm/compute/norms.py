@@ -270,10 +270,11 @@ def _bwd_inputs(key: NormKey, N, H=None):
 def _group_sums(N, H, P, terms, name):
     """The row sums of P rows at once, one tuple reduction per group g of rows g*P .. g*P+P-1:
     on CUDA one cross-thread allreduce of P x len(terms(i, k)) values, whose barriers a group
-    shares, where one reduction per row pays them P times (a chunk's rows are walked serially,
-    and on the H200 those barriers, not the loads, bounded the walk: pipelining the loads
-    gained 0.5-9%). Rows past n (the last group of an odd count) add zeros. Returns
-    pick(v, i): row i's v-th sum."""
+    shares, where one reduction per row pays them P times. Rows past n (the last group of an
+    odd count) add zeros. Returns pick(v, i): row i's v-th sum. On the H200 it was no faster
+    than a reduction per row (bench/results/h200-grouped-dx/: 3-6% faster at layernorm 2048
+    and 8192, up to 18% slower elsewhere), so the barriers do not bound a chunk's walk; the
+    library does not use it (a probe variant: runtime.variant_kernel(group_rows=))."""
     k = te.reduce_axis((0, H), name="k")
     width = len(terms(0, k))
     # written as the region of floordiv(i, P) over rows i < n comes out, (n - 1) // P + 1, so
