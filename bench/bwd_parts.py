@@ -23,19 +23,11 @@ import pathlib
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import Timer, copy_roofline, probe_meta
+from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
 from tvmnorm.compute.norms import combined_partials
 from tvmnorm.runtime import REGISTRY, partials
 from tvmnorm.sched.default import FINALIZE_UNROLL
 from tvmnorm.shapes import hidden_sizes, train_rows
-
-
-# the bench's timer (triton's do_bench, median, L2 flushed before each call) and copy ceiling
-TIMER = Timer("cuda", warmup_ms=25, rep_ms=100)
-
-
-def us(fn):
-    return TIMER([fn])[0]
 
 
 def finalize_variant(key, columns: int, lanes: int, unroll: int):
@@ -85,11 +77,11 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=()) -> dic
     grads = [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
     f = k._f
     r = {"norm": norm, "hidden": h, "rows": rows, "partials": count, "origin": k.origin,
-         "dx_us": us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)),
-         "finalize_us": us(lambda: f["finalize"](part, *grads)),
-         "combine_us": us(lambda: f["combine"](part, mid)),
-         "finalize_mid_us": us(lambda: f["finalize"](mid, *grads)),
-         "call_us": us(lambda: k(dy, x, *stats, gamma, dx, *grads))}
+         "dx_us": probe_us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)),
+         "finalize_us": probe_us(lambda: f["finalize"](part, *grads)),
+         "combine_us": probe_us(lambda: f["combine"](part, mid)),
+         "finalize_mid_us": probe_us(lambda: f["finalize"](mid, *grads)),
+         "call_us": probe_us(lambda: k(dy, x, *stats, gamma, dx, *grads))}
     r["frac"] = 3 * rows * h * 2 / r["call_us"] / 1e3 / ceiling
     r["two_stage_us"] = r["combine_us"] + r["finalize_mid_us"]
     f["finalize"](part, *grads)
@@ -99,7 +91,7 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=()) -> dic
         fin = finalize_variant(key, columns, lanes, unroll)
         got = [torch.full_like(g, float("nan")) for g in grads]
         fin(part, *got)
-        r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": us(lambda: fin(part, *got)),
+        r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": probe_us(lambda: fin(part, *got)),
                                                                 "rel_err": rel_err(got, want)}
     r["dx_points"] = {}
     if dx_points:  # against the default rule's dx (a --no-tuned library) at the default T
@@ -112,7 +104,7 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=()) -> dic
         name = (f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{cfg.prefetch}s{cfg.stages}" + ("i32" if bits == 32 else "")
                 + (f"g{group}" if group > 1 else ""))
         r["dx_points"][name] = {
-            "us": us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
+            "us": probe_us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
     return r
 
 
@@ -131,7 +123,7 @@ def main():
     variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
     dx_points = [(tuple(int(v) for v in c.split("x")) + (64, 1)[len(c.split("x")) - 3:])[:5]
                  for c in args.dx.split(",") if c]
-    ceiling = copy_roofline("cuda", TIMER)["copy_gbps"]
+    ceiling = copy_roofline("cuda", probe_timer())["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):

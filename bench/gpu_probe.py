@@ -26,20 +26,12 @@ import time
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import Timer, copy_roofline, probe_meta
+from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.space import fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
-
-
-# the bench's timer (triton's do_bench, median, L2 flushed before each call) and copy ceiling
-TIMER = Timer("cuda", warmup_ms=25, rep_ms=100)
-
-
-def us(fn):
-    return TIMER([fn])[0]
 
 
 def points(key: NormKey, variants: bool = True) -> dict:
@@ -95,7 +87,7 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
         if key.fp8_out:
             got, want = (amax[0], peak) if whole else (amax_row, row_peak)
             err = max(err, float((got.double() - want).abs().max()) / peak)
-        t = us(call)
+        t = probe_us(call)
         return {"us": t, "frac": nbytes / t / 1e3 / ceiling, "rel_err": err}
 
     lib = REGISTRY.get(key, "cuda")
@@ -131,7 +123,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
     deadline = time.time() + args.seconds
-    ceiling = copy_roofline("cuda", TIMER)["copy_gbps"]
+    ceiling = copy_roofline("cuda", probe_timer())["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []
     for norm in args.norms.split(","):

@@ -43,6 +43,7 @@ import csv
 import dataclasses
 import datetime
 import fcntl
+import functools
 import importlib.metadata
 import json
 import math
@@ -553,6 +554,18 @@ class Timer:
             b.synchronize()
             ts.append(a.elapsed_time(b))
         return tuple(v * 1e3 for v in _quantiles(ts))
+
+
+@functools.lru_cache(maxsize=None)
+def probe_timer() -> Timer:
+    """The GPU probes' timer (bench/gpu_probe.py, bench/bwd_parts.py): the bench's CUDA timer,
+    made on first use (it imports triton)."""
+    return Timer("cuda", warmup_ms=25, rep_ms=100)
+
+
+def probe_us(fn) -> float:
+    """Median microseconds of one call of ``fn()`` by probe_timer()."""
+    return probe_timer()([fn])[0]
 
 
 def probe_meta(copy_gbps: float) -> dict:
