@@ -97,8 +97,12 @@ def narrow_prefix(key: NormKey) -> str:
     return f"{key.name}_narrow"
 
 
+def small_call_prefix(key: NormKey) -> str:
+    return f"{key.name}_small"
+
+
 def small_call_symbol(key: NormKey) -> str:
-    return f"{key.name}_small_fwd"
+    return f"{small_call_prefix(key)}_fwd"
 
 
 def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
@@ -120,7 +124,7 @@ def small_call_funcs(key: NormKey, kind: str) -> dict:
     with it (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). Such a call
     always fits int32 offsets, so on CUDA it has an int32 row count."""
     funcs = scheduled_funcs(key, kind, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
-                            prefix=f"{key.name}_small")
+                            prefix=small_call_prefix(key))
     return {small_call_symbol(key): funcs[small_call_symbol(key)]}
 
 
