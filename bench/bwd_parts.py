@@ -121,8 +121,9 @@ def main():
                     "e.g. 512x0x0,0x1x2,0x0x0x32,0x0x1x32x2 (run with a --no-tuned library: checked against its dx)")
     args = ap.parse_args()
     variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
-    dx_points = [(tuple(int(v) for v in c.split("x")) + (64, 1)[len(c.split("x")) - 3:])[:5]
-                 for c in args.dx.split(",") if c]
+    # THREADSxPREFETCHxSTAGES, then BITS (64) and GROUP (1) where not given
+    fields = [[int(v) for v in c.split("x")] for c in args.dx.split(",") if c]
+    dx_points = [tuple(f + [64, 1][len(f) - 3:]) for f in fields]
     ceiling = copy_roofline("cuda", probe_timer())["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []

@@ -7,6 +7,7 @@ until a kernel is actually compiled.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 from .targets import usable_cores  # noqa: E402 - no TVM import there
@@ -38,13 +39,16 @@ IRModule = tvm.IRModule
 PrimFunc = tirx.PrimFunc
 
 
-def _register_sum_reducers(most: int = 16):
+@functools.lru_cache(maxsize=None)
+def register_sum_reducers(most: int = 16) -> None:
     """Let TVM's cross-thread reduction (and rfactor) match sums of 3..``most`` values: a tuple
     reduction is lowered to one allreduce only if its combiner is a registered reducer, and TVM
-    matches sums of one or two values only. The dx kernel of grouped rows (compute.norms._group_sums)
-    reduces P rows' sums at once. The Python callbacks are kept in TVM's global function table
-    too, which outlives the interpreter: held only by the reducer table, they were released
-    after Python shut down ("double free" at every exit)."""
+    matches sums of one or two values only. The dx kernel of grouped rows
+    (compute.norms._group_sums) reduces P rows' sums at once and registers them when it builds
+    one (once a process, inherited by forked build workers), so that importing tvmnorm changes
+    nothing in TVM. The Python callbacks are kept in TVM's global function table too, which
+    outlives the interpreter: held only by the reducer table, they were released after Python
+    shut down ("double free" at every exit)."""
     def combine(x, y):
         return [a + b for a, b in zip(x, y)]
 
@@ -56,9 +60,6 @@ def _register_sum_reducers(most: int = 16):
     for n in range(3, most + 1):
         register(n, tvm_ffi.get_global_func("tvmnorm.sum_reducer.combine"),
                  tvm_ffi.get_global_func("tvmnorm.sum_reducer.identity"))
-
-
-_register_sum_reducers()
 
 
 def target(spec: dict) -> "tvm.target.Target":

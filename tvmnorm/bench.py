@@ -1162,9 +1162,9 @@ def merge(paths, records: dict | None = None) -> dict:
     def ran_the_record(r) -> bool:
         q = parts[r["run"]]
         key = record_key(r, q["meta"].get("fp8_format"))
+        packed = key.pack()
         ran = ((q["meta"].get("library") or {}).get("records") or {})
-        return (str(key.pack()) not in ran or ran[str(key.pack())] == wanted.get(key.pack())
-                or is_small_call(key, r["rows"]))
+        return str(packed) not in ran or ran[str(packed)] == wanted.get(packed) or is_small_call(key, r["rows"])
     cases = {}
     for r in rows:
         cases.setdefault((r["op"], r["dtype"], r["hidden"], r["rows"]), []).append(r)

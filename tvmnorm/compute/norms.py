@@ -35,7 +35,7 @@ it was removed.
 """
 from __future__ import annotations
 
-from .._tvm import te, tirx
+from .._tvm import register_sum_reducers, te, tirx
 from ..key import TVM_DTYPE, NormKey
 from ..targets import KINDS
 
@@ -275,6 +275,7 @@ def _group_sums(N, H, P, terms, name):
     than a reduction per row (bench/results/h200-grouped-dx/: 3-6% faster at layernorm 2048
     and 8192, up to 18% slower elsewhere), so the barriers do not bound a chunk's walk; the
     library does not use it (a probe variant: runtime.variant_kernel(group_rows=))."""
+    register_sum_reducers()  # a tuple of width * P sums lowers to one allreduce only as a known reducer
     k = te.reduce_axis((0, H), name="k")
     width = len(terms(0, k))
     # written as the region of floordiv(i, P) over rows i < n comes out, (n - 1) // P + 1, so

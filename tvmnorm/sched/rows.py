@@ -9,7 +9,7 @@ On CUDA the fused dx kernel's chunk is walked by one block lane (threadIdx.y): i
 loaded ``prefetch`` at a time into registers that every stage reads, and the running sums stay
 in registers (``_cuda_row_registers``, ``_cuda_partials``). A dx compute of grouped row sums
 (P rows per reduction, ``compute.norms._group_sums``) makes the group of ``prefetch`` = P rows
-the compute's own: one allreduce per group instead of one per row (``_chunk_groups``).
+the compute's own: one allreduce per group instead of one per row (``_chunk_rows``).
 
 On llvm the dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j]
 sums chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
@@ -117,38 +117,29 @@ def _rows_per_group(sch) -> int:
     return int(attrs[ROWS_PER_GROUP_ATTR]) if attrs is not None and ROWS_PER_GROUP_ATTR in attrs else 1
 
 
-def _chunk_groups(sch, chain, part, P):
-    """_chunk_rows for a dx kernel whose row sums are one reduction per group of P rows
-    (compute.norms._group_sums): the anchor's loop runs over groups, split by T/P into (chunk q,
-    group g of the chunk); the later stages go under g, each with a loop over the group's P
-    rows, and the partial block's row loop t is split into (g, row of the group) and merged
-    likewise. Returns the merged (q, g) loops."""
-    T = _rows_per_partial(sch)
-    q, g = sch.split(sch.get_loops(chain[0])[0], [None, T // P])
-    for blk in chain[1:]:
-        sch.reverse_compute_at(blk, g, preserve_unit_loops=True)
-    s_, qp, j, tp = sch.get_loops(part)
-    gp, rp = sch.split(tp, [None, P])
-    sch.reorder(qp, gp, rp, s_, j)
-    q = sch.merge(q, qp)
-    g = sch.merge(sch.get_loops(chain[0])[1], sch.get_loops(part)[1])
-    return q, g
-
-
-def _chunk_rows(sch, chain, part):
+def _chunk_rows(sch, chain, part, group: int = 1):
     """Fuse the partial block into the row loop of the dx chain: split the anchor's row loop by
     T (the static chunk size; a symbolic split factor is refused), move the chain under the row
     loop t, reorder the partial block to (q, t, s, j) and merge its q and t loops with the
     chain's. The partial block keeps its init inside (no decompose_reduction: an init block
     under q would keep t from being the only child there, which merge requires); it runs at
     t == 0. The chain's blocks are predicated on row q*T+t < n by the split, the partial block
-    by its own guard. Returns the merged (q, t) loops."""
+    by its own guard. Returns the merged (q, t) loops.
+
+    With ``group`` = P > 1 (a dx compute of grouped row sums, compute.norms._group_sums) the
+    anchor's loop runs over groups of P rows, so t is the group of the chunk (T/P of them): the
+    later stages go under it, each with a loop over the group's P rows, and the partial block's
+    row loop is split into (group, row of the group) likewise."""
     T = _rows_per_partial(sch)
-    q, t = sch.split(sch.get_loops(chain[0])[0], [None, T])
+    q, t = sch.split(sch.get_loops(chain[0])[0], [None, T // group])
     for blk in chain[1:]:
         sch.reverse_compute_at(blk, t, preserve_unit_loops=True)
     s_, qp, j, tp = sch.get_loops(part)
-    sch.reorder(qp, tp, s_, j)
+    if group > 1:
+        tp, rp = sch.split(tp, [None, group])
+        sch.reorder(qp, tp, rp, s_, j)
+    else:
+        sch.reorder(qp, tp, s_, j)
     q = sch.merge(q, qp)
     t = sch.merge(sch.get_loops(chain[0])[1], sch.get_loops(part)[1])
     return q, t
@@ -243,7 +234,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             cfg = dataclasses.replace(cfg, prefetch=grouped)
             if cfg.stages > 1:
                 raise ValueError("a dx kernel of grouped row sums is not pipelined (stages must be 1)")
-            q, group = _chunk_groups(sch, blocks, part, grouped)
+            q, group = _chunk_rows(sch, blocks, part, grouped)
             group_sums = blocks[0]
             bx, ty = sch.split(q, [None, cfg.rows])
             for blk in blocks[1:] + [part]:
