@@ -16,11 +16,16 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
 STATE=${STATE:-/tmp/tvmnorm-tune}
 mkdir -p "$OUT" "$STATE/schedules"
-# start from the committed records: tuned keys are skipped, and the library keeps them
-[ -f "$STATE/schedules/cuda-sm_90.json" ] || cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null || true
 export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
 # fail in a second, not after the tune's timeout and the check's (see h200_verify.sh)
 python -c "import tvm, tvm_ffi" || { echo "!! tvm does not import here (PYTHONPATH=${PYTHONPATH:-})" | tee "$OUT/tune.log"; exit 1; }
+# start from the committed records: tuned keys are skipped, and the library keeps them; FRESH=1
+# starts from none, so every key of the job is tuned from nothing (what tuning the catalog costs;
+# `tune accept --accepted` still keeps a committed record that the new one does not beat)
+if [ -n "${FRESH:-}" ] && [ ! -f "$STATE/schedules/cuda-sm_90.json" ]; then
+  python -c "import sys; from tvmnorm.tune import save_records; save_records('cuda', {}, sys.argv[1])" "$STATE/schedules"
+fi
+[ -f "$STATE/schedules/cuda-sm_90.json" ] || cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null || true
 # the keys, databases, records and library of this run, shared by the tune and its recovery
 # HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune and the benchmark;
 # KEYS (packed, e.g. 0x10002090,0x8002091) names the keys themselves, for the tune (give HIDDEN and

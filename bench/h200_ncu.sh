@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Nsight Compute on benchmark cases (bench/profile_case.py): one kernel of a later call of each
+# case, with the sections that say what bounds a memory-bound kernel (DRAM throughput against its
+# peak, achieved occupancy and its limiters, warp stall reasons, launch shape). ncu replays the
+# kernel with the caches flushed, and runs with --clock-control none (the device's own clocks, as
+# every other timing here).
+#
+#   TVMNORM_LIBRARY=/tmp/lib OUT=$OUT bash bench/h200_ncu.sh \
+#       "layernorm_bwd 1024 tvmnorm_tuned dx_kernel" "rmsnorm_fwd 7168 torch_compile triton" ...
+#
+# Each case: op hidden impl kernel-regex [launches to skip]. GPUS=2 runs two queues. Writes
+# $OUT/ncu/<op>-<hidden>-<impl>.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tvmnorm-out}
+mkdir -p "$OUT/ncu"
+NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+[ -n "$NCU" ] || { echo "!! no ncu here"; exit 1; }
+SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats
+  --section SchedulerStats --section LaunchStats"
+STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+profile() {  # gpu op hidden impl regex [skip]
+  local gpu=$1 op=$2 h=$3 impl=$4 re=$5 skip=${6:-2}
+  local f="$OUT/ncu/$op-$h-$impl.txt"
+  CUDA_VISIBLE_DEVICES=$gpu timeout 240 "$NCU" --clock-control none --target-processes all -k "regex:$re" \
+    --launch-skip "$skip" --launch-count 1 $SECTIONS --metrics "$STALLS" \
+    python bench/profile_case.py --op "$op" --hidden "$h" --impl "$impl" > "$f" 2>&1 \
+    || echo "!! $op $h $impl: rc $?" >> "$f"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size" "$f" \
+    | sed "s|^|$op $h $impl: |"
+}
+GPUS=${GPUS:-1}
+for g in $(seq 0 $((GPUS - 1))); do
+  (i=0; for c in "$@"; do
+     [ $((i % GPUS)) -eq "$g" ] && profile "$g" $c
+     i=$((i + 1))
+   done) &
+done
+wait
