@@ -215,6 +215,50 @@ def test_pipelined_dx_loads_the_next_groups_before_the_first_barrier(norm, hidde
     assert re.findall(r"for \(int64_t (\w+) = ", body) == [re.search(r"for \(int64_t (\w+_o) = ", body)[1]]
 
 
+@pytest.mark.parametrize("norm,hidden,threads,rows,min_blocks", [
+    ("layernorm", 8192, 512, 1, 2), ("rmsnorm", 1000, 128, 2, 4), ("layernorm", 7168, 896, 1, 1)])
+def test_dx_asks_for_min_blocks_per_sm_in_its_launch_bounds(norm, hidden, threads, rows, min_blocks):
+    """CudaRowConfig.min_blocks becomes __launch_bounds__'s second argument of the dx kernel
+    (both index widths; _tvm.MIN_BLOCKS_PER_SM), and 1 leaves the bounds as TVM prints them;
+    the other kernels of the key keep theirs."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=rows, vec=8, min_blocks=min_blocks)
+    src = cuda_source(key, row_config=cfg)
+    bounds = f"{threads * rows}, {min_blocks}" if min_blocks > 1 else f"{threads * rows}"
+    assert re.search(rf"__global__ void __launch_bounds__\({bounds}\) \w+_dx_kernel\(", src)
+    # declaration and definition of dx; combine and finalize keep theirs
+    assert len(re.findall(r"__launch_bounds__\(\d+, \d+\)", src)) == (2 if min_blocks > 1 else 0)
+
+
+def test_min_blocks_decision_replays_on_both_index_widths():
+    """A tuned record whose min_blocks decision is 2 (the sampled knob of the fused dx space)
+    gives the library's dx kernel in both index widths (build.key_funcs) __launch_bounds__(N, 2)."""
+    import json
+
+    from tvmnorm.build import key_funcs
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched.space import MIN_BLOCKS, space_fn
+    from tvmnorm.tune import tuning_func
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=2048)
+    sch = space_fn(key, "cuda")(Schedule(tuning_func(key, "dx", 2048, "cuda")))[0]
+    insts, decisions = json.loads(json.dumps(sch.trace.simplified(remove_postproc=True).as_json(),
+                                             default=lambda o: o.value))
+    choice = [i for i, inst in enumerate(insts) if inst[0] == "SampleCategorical"
+              and inst[2][0] == [b for b in MIN_BLOCKS if b <= len(inst[2][0])]]
+    assert len(choice) == 1, "one min_blocks decision per fused variant"
+    decisions = [d for d in decisions if d[0] != choice[0]] + [[choice[0], 1]]  # MIN_BLOCKS[1] == 2
+    src = compile_funcs(key_funcs(key, "cuda", {"parts": {"dx": [insts, decisions]}}), "cuda").mod.imports[0].inspect_source()
+    for part in ("dx", "narrow_dx"):
+        assert re.search(rf"__global__ void __launch_bounds__\(\d+, 2\) {key.name}_{part}_kernel\(", src), part
+
+
+def test_min_blocks_must_be_a_count_of_blocks():
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="min_blocks must be 1..32"):
+        CudaRowConfig(threads=128, min_blocks=0)
+
+
 @pytest.mark.parametrize("norm,otype,hidden,threads,vec", [
     ("rmsnorm", "bf16", 8192, 512, 8), ("layernorm", "bf16", 1000, 32, 8), ("rmsnorm", "fp8e4m3", 128, 16, 8),
     ("layernorm", "fp8e4m3", 4095, 1024, 1)])

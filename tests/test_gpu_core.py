@@ -175,6 +175,23 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (31, 4097))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,min_blocks", [
+    ("layernorm", "bwd", "bf16", 8192, 512, 8, 2), ("layernorm", "bwd", "bf16", 7168, 896, 8, 2),
+    ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4), ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 3),
+    ("rmsnorm", "bwd_add", "fp16", 4095, 1024, 1, 2)])
+def test_cuda_dx_under_a_register_cap(norm, stage, dtype, hidden, threads, vec, min_blocks, rows, rng, seed):
+    """The dx kernel asked to fit ``min_blocks`` blocks an SM (__launch_bounds__(N, min_blocks):
+    ptxas caps its registers, and at layernorm 7168 x 896 threads x 2 blocks, 36 registers, spills
+    most of its running sums and rows): right against float64 with a chunk one row short of T and
+    a last chunk of one row, odd widths with a column tail, several chunk lanes per block."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, min_blocks=min_blocks)
+    kernel = variant_kernel(key, "cuda", cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, 31, 33, 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,group", [
     ("layernorm", "bwd", "bf16", 7168, 448, 8, 2), ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4),

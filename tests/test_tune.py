@@ -578,15 +578,20 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
 
 def test_search_population_follows_the_space_size():
     """The population drawn each round is the space's size (32..256): the fused CUDA backward's
-    ~100 points over 12-20 design spaces took ~9 s per task and round to draw at 256."""
-    from tvmnorm.sched.space import space_size
+    ~100 points over 12-20 design spaces took ~9 s per task and round to draw at 256. The
+    backward's min_blocks factor is left out of it (population_points): it would make a batch's
+    population 88 instead of 32 and the draw ~3x longer, for rounds that measure 8."""
+    from tvmnorm.sched.space import MIN_BLOCKS, population_points, space_size
     from tvmnorm.tune import _search
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
-    assert 32 < space_size(bwd, "cuda") < 256
-    assert _search(space_size(bwd, "cuda")).population_size == space_size(bwd, "cuda")
-    assert _search(space_size(NormKey(norm="layernorm", stage="bwd", hidden_size=8192), "cuda")).population_size == 32
-    assert _search(space_size(NormKey(hidden_size=4096), "cuda")).population_size == 256
-    assert _search(space_size(NormKey(hidden_size=1000), "llvm")).population_size == 32
+    assert 32 < population_points(bwd, "cuda") < 256
+    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= len(MIN_BLOCKS) * population_points(bwd, "cuda")
+    assert _search(population_points(bwd, "cuda")).population_size == population_points(bwd, "cuda")
+    ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192)
+    assert _search(population_points(ln8192, "cuda")).population_size == 32
+    for key, kind, size in [(NormKey(hidden_size=4096), "cuda", 256), (NormKey(hidden_size=1000), "llvm", 32)]:
+        assert population_points(key, kind) == space_size(key, kind)
+        assert _search(population_points(key, kind)).population_size == size
 
 
 def test_fused_variants_add_warp_multiples_that_split_the_row_evenly():
@@ -607,12 +612,15 @@ def test_fused_space_samples_only_valid_block_sizes():
     """Each fused variant samples only the chunk lanes per block that keep a block within 1024
     threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168
     held 20 invalid points, which MetaSchedule kept sampling to find the 15 valid ones)."""
-    from tvmnorm.sched.space import ROWS, fused_cuda_variants, fused_rows, space_size
+    from tvmnorm.sched.space import ROWS, fused_cuda_variants, fused_rows, min_blocks_choices, space_size
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
     variants = fused_cuda_variants(bwd)
     assert all(v[0] * r <= 1024 for v in variants for r in fused_rows(v[0]))
-    assert space_size(bwd, "cuda") == sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
+    assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) * len(min_blocks_choices(t)) for t, *_ in variants)
+    assert sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
     assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
+    # an SM holds 2048 threads: a lane of 1024 threads may ask for 2 blocks, of 448 for 4
+    assert min_blocks_choices(1024) == [1, 2] and min_blocks_choices(448) == [1, 2, 3, 4]
 
 
 def test_cuda_dx_is_tuned_at_every_chunk_size():

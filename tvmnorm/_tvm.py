@@ -151,7 +151,38 @@ def _install_unroll_by():
 _install_unroll_by()
 
 
+# A loop annotated with MIN_BLOCKS_PER_SM = k (a kernel's blockIdx.x loop) asks for a kernel of
+# which k blocks fit on one SM at once: __launch_bounds__(threads, k), for which ptxas caps a
+# thread's registers at 64K / (threads * k) and spills what does not fit. TVM's CUDA codegen
+# prints that second argument from a statement inside the kernel (LAUNCH_BOUNDS_ATTR), which a
+# schedule cannot write (it can only annotate loops): compile_module turns the annotation into
+# that statement around the loop's body.
+MIN_BLOCKS_PER_SM = "tvmnorm.min_blocks_per_sm"
+LAUNCH_BOUNDS_ATTR = "tirx.launch_bounds_min_blocks_per_sm"
+
+
+def _launch_bounds(mod):
+    """``mod`` with every MIN_BLOCKS_PER_SM annotation made a LAUNCH_BOUNDS_ATTR statement;
+    ``mod`` itself where there is none (a rebuilt module orders its kernels otherwise)."""
+    marked = []
+
+    def wrap(loop):
+        if MIN_BLOCKS_PER_SM not in loop.annotations:
+            return loop
+        marked.append(loop)
+        k = int(loop.annotations[MIN_BLOCKS_PER_SM])
+        annotations = {a: v for a, v in loop.annotations.items() if a != MIN_BLOCKS_PER_SM}
+        body = loop.body
+        if k > 1:
+            body = tirx.AttrStmt(tirx.const(0, "int32"), LAUNCH_BOUNDS_ATTR, tirx.const(k, "int32"), body)
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations)
+    funcs = {gv: f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, wrap)])) if isinstance(f, PrimFunc) else f
+             for gv, f in mod.functions_items()}
+    return IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos) if marked else mod
+
+
 def compile_module(mod, tgt):
+    mod = _launch_bounds(mod)
     with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return tvm.compile(mod, target=tgt)
 

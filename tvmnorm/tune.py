@@ -118,7 +118,7 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     and the database.
     tune_batch runs it with the real builder and runner, scripts/search_overhead.py with fakes."""
     from ._tvm import IRModule, ms, target, without_tensor_intrinsics
-    from .sched.space import space_fn, space_size
+    from .sched.space import population_points, space_fn
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
@@ -131,7 +131,7 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
             IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
             max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
             space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
-            cost_model=_cost_model(kind), strategy=_search(min(space_size(k, kind) for k in keys)),
+            cost_model=_cost_model(kind), strategy=_search(min(population_points(k, kind) for k in keys)),
             seed=seed, num_tuning_cores=_search_cores(kind))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import UNROLL_BY, Schedule, tirx
+from .._tvm import MIN_BLOCKS_PER_SM, UNROLL_BY, Schedule, tirx
 from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
@@ -45,11 +45,16 @@ class CudaRowConfig:
                               # (the fused dx kernel always keeps its rows there)
     keep_y: bool = False      # fp8 fwd with keep_row: y (before scaling and the cast) computed
                               # once into registers that the store and amax read
+    min_blocks: int = 1       # blocks one SM must hold at once (__launch_bounds__'s second
+                              # argument, _tvm.MIN_BLOCKS_PER_SM): ptxas then caps a thread's
+                              # registers at 64K / (threads * rows * min_blocks)
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
         if isinstance(self.threads, int) and isinstance(self.rows, int) and self.threads * self.rows > 1024:
             raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
+        if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
+            raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
 
@@ -249,6 +254,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         depth = 4  # (block, chunk lane, group of rows, row of the group)
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
+    if not isinstance(cfg.min_blocks, int) or cfg.min_blocks > 1:  # a sampled value is annotated whatever it is
+        sch.annotate(bx, MIN_BLOCKS_PER_SM, cfg.min_blocks)
     for blk in blocks:
         scope = sch.get(blk).writes[0].source.scope()
         if not is_output(sch, blk) and scope == "global":

@@ -36,7 +36,8 @@ columns' running sums and ``stages`` groups of ``prefetch`` rows of dy and x in 
 layout depends on threads, vec and prefetch, and the next groups load while one computes
 (``stages`` > 1, a software pipeline): there each (threads, vec, prefetch, stages) is its own
 design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block
-is sampled within it.
+and the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) are sampled
+within it.
 """
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def cuda_space(key: NormKey, fused=None, kept=None):
         rows = _categorical(sch, fused_rows(fixed[0]) if fixed is not None else ROWS)
         if fused is not None:
             threads, vec, prefetch, stages = fused
-            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages)
+            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
+                                min_blocks=_categorical(sch, min_blocks_choices(threads)))
         elif kept is not None:
             cfg = CudaRowConfig(threads=kept[0], rows=rows, vec=kept[1], keep_row=True, keep_y=kept[2])
         else:
@@ -128,6 +130,23 @@ def fused_rows(threads: int) -> list:
     where few were valid (7 variants x 2 at hidden 7168) MetaSchedule spent round after round
     of sampling to find the last unmeasured ones."""
     return [r for r in ROWS if threads * r <= 1024]
+
+
+# Blocks of the fused dx kernel one SM must hold at once (CudaRowConfig.min_blocks: ptxas caps
+# the registers to fit them, spilling if it must). The kernel keeps a running sum per element of
+# its columns and its rows in registers, so ptxas gives it what it asks for: on the H200 most
+# backward kernels ran one 512-thread block or two 256-thread blocks an SM at 128 registers (16
+# warps), the layernorm 7168 record one 896-thread block, and every block of a chunk lane
+# reaches the same barriers at once, so an SM alternates between loading and reducing. More
+# blocks an SM keep more rows in flight, at the cost of spills: the search measures which wins.
+MIN_BLOCKS = (1, 2, 3, 4)
+
+
+def min_blocks_choices(threads: int) -> list:
+    """Blocks per SM a fused variant of ``threads`` threads per chunk lane can ask for (an SM
+    holds at most 2048 threads; rows per block is sampled apart, so a larger block may ask for
+    more than fit: ptxas then caps its registers as asked, and the measurement judges it)."""
+    return [b for b in MIN_BLOCKS if b * threads <= 2048]
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
@@ -262,9 +281,19 @@ def space_size(key: NormKey, kind: str) -> int:
             n *= len(values)
         return n
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_rows(variant[0])) for variant in fused_cuda_variants(key))
+        return sum(len(fused_rows(t)) * len(min_blocks_choices(t)) for t, *_ in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
     return sampled + sum(len(fused_rows(kept[0])) for kept in fwd_kept_variants(key))
+
+
+def population_points(key: NormKey, kind: str) -> int:
+    """The points a search round draws for ``key`` (tune._search): the space's size, but for the
+    fused backward without the min_blocks factor, which multiplies it by up to 4 (23 -> 88 points
+    at layernorm 8192, the smallest bwd space, which sets a batch's population). Drawing costs
+    ~35 ms a point and task on the H200 host, and a round of a backward task measures 8."""
+    if kind == "cuda" and key.stage in ("bwd", "bwd_add"):
+        return sum(len(fused_rows(t)) for t, *_ in fused_cuda_variants(key))
+    return space_size(key, kind)
 
 
 def space_fn(key: NormKey, kind: str):
