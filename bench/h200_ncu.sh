@@ -8,8 +8,8 @@
 #   TVMNORM_LIBRARY=/tmp/lib OUT=$OUT bash bench/h200_ncu.sh \
 #       "layernorm_bwd 1024 tvmnorm_tuned dx_kernel" "rmsnorm_fwd 7168 torch_compile triton" ...
 #
-# Each case: op hidden impl kernel-regex [launches to skip]. GPUS=2 runs two queues. Writes
-# $OUT/ncu/<op>-<hidden>-<impl>.txt.
+# Each case: op hidden impl kernel-regex [launches to skip]. GPUS=2 runs two queues, FIRST_GPU=1
+# starts them at GPU 1. Writes $OUT/ncu/<op>-<hidden>-<impl>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -32,7 +32,7 @@ profile() {  # gpu op hidden impl regex [skip]
 GPUS=${GPUS:-1}
 for g in $(seq 0 $((GPUS - 1))); do
   (i=0; for c in "$@"; do
-     [ $((i % GPUS)) -eq "$g" ] && profile "$g" $c
+     [ $((i % GPUS)) -eq "$g" ] && profile $((${FIRST_GPU:-0} + g)) $c
      i=$((i + 1))
    done) &
 done
