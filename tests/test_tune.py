@@ -472,6 +472,32 @@ def test_merge_accepted_leaves_out_what_any_job_dropped(tmp_path):
     assert data["target"] == "cuda" and set(data["records"]) == {"0x1", "0x3", "0x10", "0x20"}
 
 
+def test_a_job_tuned_from_no_records_drops_only_its_own_keys(tmp_path):
+    """A job that tuned its keys from no records (h200_tune.sh FRESH=1) judges only those: its
+    accept's changes drop none of the other committed records, and merge keeps them (the
+    twelfth lease's verify merge left 105 of 120 out). Through the command lines, as the lease
+    runs them."""
+    from tvmnorm.tune import accept_changes, accept_main, merge_main
+    a, b, c = (NormKey(hidden_size=h).pack() for h in (1024, 4096, 8192))
+    committed = {a: {"key": "a", "parts": 1}, b: {"key": "b", "parts": 1}, c: {"key": "c", "parts": 1}}
+    fresh = {b: {"key": "b", "parts": 7}, c: {"key": "c", "parts": 8}}   # the job's own records
+    assert accept_changes(committed, {b: fresh[b], c: committed[c]}, fresh) == {"records": [f"{b:#x}"], "dropped": []}
+    hexed = lambda recs: {f"{k:#x}": v for k, v in recs.items()}  # noqa: E731
+    for name, recs in (("committed", committed), ("job", fresh)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"target": {"kind": "cuda"}, "records": hexed(recs)}))
+    # b's retune beats the default; c's loses to it, and c's committed record stays
+    bench = {"records": [{"op": "rmsnorm_fwd", "dtype": "bf16", "hidden": h, "rows": 16384, "impl": impl,
+                          "status": "ok", "us": us}
+                         for h, impl, us in ((4096, "tvmnorm_tuned", 60.0), (4096, "tvmnorm_default", 70.0),
+                                             (8192, "tvmnorm_tuned", 150.0), (8192, "tvmnorm_default", 130.0))]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert accept_main([str(tmp_path / "job.json"), str(tmp_path / "bench.json"), str(tmp_path / "acc.json"),
+                        "--accepted", str(tmp_path / "committed.json"), "--drop"]) == 0
+    assert json.loads((tmp_path / "acc.json").read_text())["changes"] == {"records": [f"{b:#x}"], "dropped": []}
+    assert merge_main([str(tmp_path / "committed.json"), str(tmp_path / "acc.json"), "--out", str(tmp_path / "m.json")]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["records"] == hexed({**committed, b: fresh[b]})
+
+
 def test_merge_takes_only_what_each_job_changed(tmp_path):
     """accept records what a job changed against the records it started from; merge takes
     only that, so a job's copies of records it did not touch cannot overwrite records that the
@@ -481,10 +507,11 @@ def test_merge_takes_only_what_each_job_changed(tmp_path):
     start = {1: {"key": "a", "parts": 1}, 2: {"key": "b", "parts": 1}, 3: {"key": "c", "parts": 1}}
     job_fwd = {**start, 1: {"key": "a", "parts": 2}}           # retuned a
     job_bwd = {1: start[1], 3: start[3], 4: {"key": "d"}}       # dropped b, added d
-    assert accept_changes(start, job_fwd) == {"records": ["0x1"], "dropped": []}
-    assert accept_changes(start, job_bwd) == {"records": ["0x4"], "dropped": ["0x2"]}
+    judged = {**start, 4: {"key": "d"}}  # what each job's accept saw: the records it started from and its own
+    assert accept_changes(start, job_fwd, judged) == {"records": ["0x1"], "dropped": []}
+    assert accept_changes(start, job_bwd, judged) == {"records": ["0x4"], "dropped": ["0x2"]}
     hexed = [{f"{k:#x}": v for k, v in job.items()} for job in (job_fwd, job_bwd)]
-    runs = [(job, accept_changes(start, orig)) for job, orig in zip(hexed, (job_fwd, job_bwd))]
+    runs = [(job, accept_changes(start, orig, judged)) for job, orig in zip(hexed, (job_fwd, job_bwd))]
     # the committed records already hold both jobs' results, and c was retuned since
     committed = {"0x1": {"key": "a", "parts": 2}, "0x3": {"key": "c", "parts": 5}, "0x4": {"key": "d"}}
     records, _ = merge_accepted(committed, runs)

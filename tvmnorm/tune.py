@@ -666,19 +666,22 @@ def accept_main(argv=None) -> int:
         print(f"{what} {records[packed]['key']}: {why}")
     data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
     if accepted is not None:
-        data["changes"] = accept_changes(accepted, kept)
+        data["changes"] = accept_changes(accepted, kept, records)
     pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
     print(f"kept {len(kept)} of {len(records)} records -> {args.out}")
     return 0
 
 
-def accept_changes(started: dict, kept: dict) -> dict:
+def accept_changes(started: dict, kept: dict, judged) -> dict:
     """What one job's accept changed against the records it started from (``--accepted``):
-    packed keys (hex) whose record it replaced or added, and those it dropped. merge_accepted
-    takes only these from a job, so a job's copies of records it did not touch never overwrite
-    newer ones."""
+    packed keys (hex) whose record it replaced or added, and those it dropped: of the keys it
+    judged (its own records), those it did not keep. merge_accepted takes only these from a
+    job, so a job's copies of records it did not touch never overwrite newer ones, and a job
+    that tuned some keys from no records (h200_tune.sh FRESH=1) drops no others (the twelfth
+    lease's verify merge left 105 committed records out when "dropped" was every committed key
+    missing from the job's output)."""
     return {"records": [f"{k:#x}" for k in sorted(kept) if kept[k] != started.get(k)],
-            "dropped": [f"{k:#x}" for k in sorted(started) if k not in kept]}
+            "dropped": [f"{k:#x}" for k in sorted(started) if k in judged and k not in kept]}
 
 
 def merge_accepted(committed: dict, accepted_runs: list) -> tuple:
