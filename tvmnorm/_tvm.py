@@ -175,7 +175,8 @@ def _launch_bounds(mod):
         body = loop.body
         if k > 1:
             body = tirx.AttrStmt(tirx.const(0, "int32"), LAUNCH_BOUNDS_ATTR, tirx.const(k, "int32"), body)
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations)
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
+                        loop.step, loop.span)
     funcs = {gv: f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, wrap)])) if isinstance(f, PrimFunc) else f
              for gv, f in mod.functions_items()}
     return IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos) if marked else mod

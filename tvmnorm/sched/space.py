@@ -134,11 +134,13 @@ def fused_rows(threads: int) -> list:
 
 # Blocks of the fused dx kernel one SM must hold at once (CudaRowConfig.min_blocks: ptxas caps
 # the registers to fit them, spilling if it must). The kernel keeps a running sum per element of
-# its columns and its rows in registers, so ptxas gives it what it asks for: on the H200 most
-# backward kernels ran one 512-thread block or two 256-thread blocks an SM at 128 registers (16
-# warps), the layernorm 7168 record one 896-thread block, and every block of a chunk lane
-# reaches the same barriers at once, so an SM alternates between loading and reducing. More
-# blocks an SM keep more rows in flight, at the cost of spills: the search measures which wins.
+# its columns and its rows in registers, and under Nsight Compute on the H200 the layernorm dx
+# records ran 14-27 warps an SM (one 512-thread block at 128 registers at 8192), stalled mostly on
+# global loads with ~1 eligible warp per scheduler and DRAM at 47-51% of peak: latency at the
+# occupancy the registers allow (bench/results/h200-probes-12/). Asking for more blocks trades
+# spills for warps: 2 blocks an SM took layernorm 1024's default dx from 62.6 to 58.7 us and
+# layernorm 7168's from 314.3 to 419.3, so it is sampled, and the twelfth lease's retune took 2-4
+# at 5 of 24 bf16 backward keys.
 MIN_BLOCKS = (1, 2, 3, 4)
 
 
