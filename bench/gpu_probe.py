@@ -9,7 +9,8 @@ fraction of the copy ceiling of the same run.
 Points per key: the default rule's config (sched.default.fwd_cuda_heuristic) with keep_row as it
 sets it and flipped, the earlier rule (cuda_row_heuristic: x loaded by each stage), and every kept
 variant of the space (sched.space.fwd_kept_variants) with the rows per block cuda_row_heuristic
-gives its thread count. With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
+gives its thread count; each of them also with one barrier a row sum (+ws: warp_sums) where
+that applies. With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
 alone, which with the library's whole call shows what the amax kernels cost. ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
@@ -30,6 +31,7 @@ from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
+from tvmnorm.sched.rows import warp_sums_apply
 from tvmnorm.sched.space import fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
 
@@ -48,6 +50,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
         rows = cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
         name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "")
         out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y)
+    # each point again with one barrier a row sum, where it applies (sched.rows.warp_sums_apply)
+    out.update({f"{name}+ws": dataclasses.replace(cfg, warp_sums=True) for name, cfg in list(out.items())
+                if warp_sums_apply(cfg, key.hidden_size)})
     return out
 
 

@@ -253,6 +253,47 @@ def test_min_blocks_decision_replays_on_both_index_widths():
         assert re.search(rf"__global__ void __launch_bounds__\(\d+, 2\) {key.name}_{part}_kernel\(", src), part
 
 
+@pytest.mark.parametrize("norm,otype,hidden,threads,vec,keep", [
+    ("rmsnorm", "bf16", 7168, 256, 4, True), ("layernorm", "bf16", 8192, 256, 4, True),
+    ("rmsnorm", "fp8e4m3", 4096, 128, 4, True), ("layernorm", "fp8e4m3", 7168, 896, 8, True),
+    ("rmsnorm", "bf16", 8192, 512, 4, False)])
+def test_warp_sums_take_one_barrier_a_row_sum(norm, otype, hidden, threads, vec, keep):
+    """warp_sums: each row sum (rmsnorm's, layernorm's two, fp8's amax) is reduced within each
+    warp by shuffles into shared memory at the warp's place, and every thread then adds the
+    warps' sums: one __syncthreads a row sum where TVM's allreduce over several warps takes two;
+    the row's statistics are still stored by one thread."""
+    import dataclasses
+
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    base = CudaRowConfig(threads=threads, rows=1, vec=vec, keep_row=keep, keep_y=keep and otype != "bf16")
+    before = kernel(cuda_source(key, row_config=base), "fwd")
+    after = kernel(cuda_source(key, row_config=dataclasses.replace(base, warp_sums=True)), "fwd")
+    sums = (2 if norm == "layernorm" else 1) + (otype != "bf16")
+    assert before.count("__syncthreads") == 2 * sums and after.count("__syncthreads") == sums
+    assert len(re.findall(rf"__shared__ alignas\(64\) float \w+_rf_shared_ptr\[{threads // 32}\];", after)) == sums
+    assert "threadIdx.z" in after and "threadIdx.z" not in before
+    store = after.index("rsigma_ptr[")
+    assert re.search(r"if \(\(\(\(\(int64_t\)threadIdx\.z\) \* \(int64_t\)32\) \+ \(\(int64_t\)threadIdx\.x\)\) < "
+                     r"\(int64_t\)1\) \{\s*$", after[:store].rstrip()[-200:] + "\n"), after[store - 300:store]
+
+
+def test_warp_sums_apply_where_they_can():
+    from tvmnorm.build import scheduled_funcs
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="2 or more whole warps"):
+        CudaRowConfig(threads=48, warp_sums=True)
+    with pytest.raises(ValueError, match="2 or more whole warps"):
+        CudaRowConfig(threads=32, warp_sums=True)
+    with pytest.raises(ValueError, match="one row per block"):
+        CudaRowConfig(threads=64, rows=2, warp_sums=True)
+    with pytest.raises(ValueError, match="split evenly"):
+        scheduled_funcs(NormKey(hidden_size=1000), "cuda", row_config=CudaRowConfig(threads=64, vec=4, warp_sums=True))
+    with pytest.raises(ValueError, match="forward schedule"):
+        scheduled_funcs(NormKey(stage="bwd", hidden_size=1024), "cuda",
+                        row_config=CudaRowConfig(threads=64, vec=8, warp_sums=True))
+
+
 def test_min_blocks_must_be_a_count_of_blocks():
     from tvmnorm.sched.rows import CudaRowConfig
     with pytest.raises(ValueError, match="min_blocks must be 1..32"):

@@ -48,6 +48,9 @@ class CudaRowConfig:
     min_blocks: int = 1       # blocks one SM must hold at once (__launch_bounds__'s second
                               # argument, _tvm.MIN_BLOCKS_PER_SM): ptxas then caps a thread's
                               # registers at 64K / (threads * rows * min_blocks)
+    warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
+                              # sums then added by every thread from shared memory: one barrier
+                              # a reduction instead of two (_warp_sums); threads in whole warps
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -57,6 +60,11 @@ class CudaRowConfig:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
+        if self.warp_sums and isinstance(self.threads, int) and (self.threads % 32 or self.threads < 64):
+            raise ValueError(f"warp_sums needs rows of 2 or more whole warps, got {self.threads} threads")
+        if self.warp_sums and self.rows != 1:
+            # its barrier would sit under the last block's row guard, which some threads skip
+            raise ValueError(f"warp_sums needs one row per block, got {self.rows}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,11 +234,16 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if y_stage is not None and not cfg.keep_y:
         sch.compute_inline(y_stage)  # recomputed by the store and by amax
         y_stage = None
+    warp_sums = {}
     if part is None:
+        if cfg.warp_sums:
+            warp_sums = _warp_sums(sch, cfg)
         anchor = _anchor(sch)
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
         blocks = _gather_under(sch, anchor, ty)
         depth = 2
+    elif cfg.warp_sums:
+        raise ValueError("warp_sums is a forward schedule; the dx kernel keeps one allreduce per row")
     else:
         blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
         grouped = _rows_per_group(sch)
@@ -257,6 +270,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if not isinstance(cfg.min_blocks, int) or cfg.min_blocks > 1:  # a sampled value is annotated whatever it is
         sch.annotate(bx, MIN_BLOCKS_PER_SM, cfg.min_blocks)
     for blk in blocks:
+        name = sch.get(blk).name_hint
         scope = sch.get(blk).writes[0].source.scope()
         if not is_output(sch, blk) and scope == "global":
             for idx in range(len(sch.get(blk).writes)):  # a tuple reduction writes several
@@ -265,12 +279,17 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         two_d = len(sch.get(blk).iter_vars) == 2
         if not two_d and scope == "local" and not is_reduction(sch, blk):
             continue  # a per-row scalar computed by every thread of the row
-        # a grouped reduction (the anchor) has no row loop of its own under the group
-        loop = _inner_loop(sch, blk, depth - (blk is group_sums))
-        vec = cfg.vec if two_d else 1
-        outer, tx, v = sch.split(loop, [None, cfg.threads, vec])
-        sch.reorder(tx, outer, v)
-        sch.bind(tx, "threadIdx.x")
+        if name in warp_sums.values():
+            continue  # the sum of the warps' sums, by every thread of the row
+        if name in warp_sums:
+            outer, w, lane, v = _warp_sum_loops(sch, blk)
+            lanes, two_d = (w, lane), True
+        else:
+            # a grouped reduction (the anchor) has no row loop of its own under the group
+            loop = _inner_loop(sch, blk, depth - (blk is group_sums))
+            outer, lanes, v = _split_columns(sch, loop, cfg, cfg.vec if two_d else 1)
+        sch.reorder(*lanes, outer, v)
+        _bind(sch, lanes)
         # loads and stores are `vec` wide; the fp32 math on them stays scalar per element
         # (NVRTC rejects float32x8 arithmetic) and is unrolled
         if two_d:
@@ -319,13 +338,72 @@ def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
     return lambda *idx: (*idx[:-1], idx[-1] // step, idx[-1] % vec)
 
 
+def _split_columns(sch, loop, cfg: CudaRowConfig, vec: int):
+    """Split a column loop as every stage does, j = (o*threads + t)*vec + v, with t = w*32 +
+    lane under ``warp_sums`` (the warp w goes to threadIdx.z, the lane to threadIdx.x: _bind):
+    a thread then holds the same columns in every stage and buffer (which the register layout
+    of _thread_layout relies on). Returns (o, the thread loops, v)."""
+    if cfg.warp_sums:
+        o, w, lane, v = sch.split(loop, [None, cfg.threads // 32, 32, vec])
+        return o, (w, lane), v
+    o, tx, v = sch.split(loop, [None, cfg.threads, vec])
+    return o, (tx,), v
+
+
+def _bind(sch, lanes):
+    for lp, axis in zip(lanes, ("threadIdx.z", "threadIdx.x")[-len(lanes):]):
+        sch.bind(lp, axis)
+
+
 def _thread_columns(sch, loop, cfg: CudaRowConfig):
-    """Split a column loop as every stage of the fused dx kernel does, j = (o*threads + tx)*vec
-    + v, and bind tx: a thread then holds the same columns in every stage and buffer (which the
-    register layout of _thread_layout relies on). Returns (o, tx, v)."""
-    o, tx, v = sch.split(loop, [None, cfg.threads, cfg.vec])
-    sch.bind(tx, "threadIdx.x")
-    return o, tx, v
+    """_split_columns with the vector width of the rows, its thread loops bound."""
+    o, lanes, v = _split_columns(sch, loop, cfg, cfg.vec)
+    _bind(sch, lanes)
+    return o, lanes, v
+
+
+def warp_sums_apply(cfg: CudaRowConfig, hidden: int) -> bool:
+    """Whether a forward of ``hidden`` columns under ``cfg`` can take warp_sums: rows of 2 or
+    more whole warps, one row a block, and columns that threads x vec split evenly."""
+    return cfg.threads % 32 == 0 and cfg.threads >= 64 and cfg.rows == 1 and hidden % (cfg.threads * cfg.vec) == 0
+
+
+def _warp_sum_loops(sch, rf):
+    """The loops of a block _warp_sums rfactored, (o, warp, lane, v), found by the block's
+    iterators (warp, row, o, lane, v): reverse_compute_at rebuilds a block's loops in that
+    order, the anchor keeps the split's."""
+    loops = sch.get_loops(rf)
+    by_var = {sch.get(lp).loop_var.name: lp for lp in loops}
+    values = sch.get(loops[-1]).body.iter_values
+    w, o, lane, v = (by_var[values[i].name] for i in (0, 2, 3, 4))
+    return o, w, lane, v
+
+
+def _warp_sums(sch, cfg: CudaRowConfig) -> dict:
+    """Every row sum of the forward in two steps (``warp_sums``): each warp's lanes reduce
+    their columns' sums with shuffles alone (a cross-thread reduction over 32 threadIdx.x lanes
+    is one warp's), into shared memory at the warp's place (rfactor by warp, threadIdx.z), and
+    then every thread of the row adds the warps' sums itself. ThreadSync puts one barrier
+    between the two; TVM's own allreduce over several warps takes two (after the warps' sums,
+    and after warp 0 reduced them). Returns the rfactored block -> the name of its sum block.
+    Only whole splits of the row: a predicated column tail does not survive the rfactor."""
+    step = cfg.threads * cfg.vec
+    done = {}
+    for blk in list(sch.get_child_blocks(sch.get_sblock("root"))):
+        if not (is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2):
+            continue
+        name = sch.get(blk).name_hint
+        row, cols = sch.get_loops(blk)
+        hidden = sch.get(cols).extent
+        if not isinstance(hidden, tirx.IntImm) or hidden.value % step:
+            raise ValueError(f"warp_sums needs rows that {cfg.threads} threads x {cfg.vec} split evenly, "
+                             f"got {hidden}")
+        o, w, lane, v = sch.split(cols, [None, cfg.threads // 32, 32, cfg.vec])
+        rf = sch.rfactor(w, factor_axis=0)
+        for idx in range(len(sch.get(rf).writes)):
+            sch.set_scope(rf, idx, "shared")
+        done[sch.get(rf).name_hint] = name
+    return done
 
 
 def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
@@ -351,8 +429,8 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
         cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
         sch.compute_at(cache, loop, preserve_unit_loops=True)
         row, cols = sch.get_loops(cache)[-2:]
-        o, tx, v = _thread_columns(sch, cols, cfg)
-        sch.reorder(tx, row, o, v)
+        o, lanes, v = _thread_columns(sch, cols, cfg)
+        sch.reorder(*lanes, row, o, v)
         sch.unroll(row)
         sch.unroll(o)
         sch.vectorize(v)
@@ -408,13 +486,13 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
     sch.reverse_compute_at(acc, lane, preserve_unit_loops=True)
     part = sch.get_sblock(PART_BLOCK)
     s_, j = sch.get_loops(part)[4:]
-    o, tx, v = _thread_columns(sch, j, cfg)
-    sch.reorder(tx, s_, o, v)
+    o, lanes, v = _thread_columns(sch, j, cfg)
+    sch.reorder(*lanes, s_, o, v)
     for lp in (s_, o, v):
         sch.unroll(lp)  # constant register indices
     s2, q2, j2 = sch.get_loops(acc)[2:]  # the store of the sums, once per chunk
-    o2, tx2, v2 = _thread_columns(sch, j2, cfg)
-    sch.reorder(tx2, s2, q2, o2, v2)
+    o2, lanes2, v2 = _thread_columns(sch, j2, cfg)
+    sch.reorder(*lanes2, s2, q2, o2, v2)
     for lp in (s2, o2, v2):
         sch.unroll(lp)
     sch.transform_layout(part, ("write", 0), layout, assume_injective_transform=True)
