@@ -393,13 +393,13 @@ def _warp_sums(sch, cfg: CudaRowConfig) -> dict:
         if not (is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2):
             continue
         name = sch.get(blk).name_hint
-        row, cols = sch.get_loops(blk)
+        cols = sch.get_loops(blk)[-1]
         hidden = sch.get(cols).extent
         if not isinstance(hidden, tirx.IntImm) or hidden.value % step:
             raise ValueError(f"warp_sums needs rows that {cfg.threads} threads x {cfg.vec} split evenly, "
                              f"got {hidden}")
-        o, w, lane, v = sch.split(cols, [None, cfg.threads // 32, 32, cfg.vec])
-        rf = sch.rfactor(w, factor_axis=0)
+        warp = sch.split(cols, [None, cfg.threads // 32, 32, cfg.vec])[1]
+        rf = sch.rfactor(warp, factor_axis=0)
         for idx in range(len(sch.get(rf).writes)):
             sch.set_scope(rf, idx, "shared")
         done[sch.get(rf).name_hint] = name
