@@ -31,7 +31,7 @@ from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
-from tvmnorm.sched.rows import warp_sums_apply
+from tvmnorm.sched.rows import warp_sums_problem
 from tvmnorm.sched.space import fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
 
@@ -50,9 +50,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
         rows = cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
         name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "")
         out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y)
-    # each point again with one barrier a row sum, where it applies (sched.rows.warp_sums_apply)
+    # each point again with one barrier a row sum, where it applies (sched.rows.warp_sums_problem)
     out.update({f"{name}+ws": dataclasses.replace(cfg, warp_sums=True) for name, cfg in list(out.items())
-                if warp_sums_apply(cfg, key.hidden_size)})
+                if warp_sums_problem(cfg.threads, cfg.rows, cfg.vec, key.hidden_size) is None})
     return out
 
 

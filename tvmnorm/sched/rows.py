@@ -60,11 +60,10 @@ class CudaRowConfig:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
-        if self.warp_sums and isinstance(self.threads, int) and (self.threads % 32 or self.threads < 64):
-            raise ValueError(f"warp_sums needs rows of 2 or more whole warps, got {self.threads} threads")
-        if self.warp_sums and self.rows != 1:
-            # its barrier would sit under the last block's row guard, which some threads skip
-            raise ValueError(f"warp_sums needs one row per block, got {self.rows}")
+        if self.warp_sums and isinstance(self.threads, int):
+            problem = warp_sums_problem(self.threads, self.rows, self.vec)
+            if problem:
+                raise ValueError(problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,10 +361,19 @@ def _thread_columns(sch, loop, cfg: CudaRowConfig):
     return o, lanes, v
 
 
-def warp_sums_apply(cfg: CudaRowConfig, hidden: int) -> bool:
-    """Whether a forward of ``hidden`` columns under ``cfg`` can take warp_sums: rows of 2 or
-    more whole warps, one row a block, and columns that threads x vec split evenly."""
-    return cfg.threads % 32 == 0 and cfg.threads >= 64 and cfg.rows == 1 and hidden % (cfg.threads * cfg.vec) == 0
+def warp_sums_problem(threads: int, rows: int, vec: int, hidden: int | None = None) -> str | None:
+    """Why a forward of ``threads`` x ``vec`` columns a step, ``rows`` rows a block (and
+    ``hidden`` columns, where known) cannot take warp_sums, or None: it needs rows of 2 or more
+    whole warps, one row a block (its barrier would sit under the last block's row guard, which
+    some threads skip) and columns that threads x vec split evenly (a predicated column tail
+    does not survive the rfactor)."""
+    if threads % 32 or threads < 64:
+        return f"warp_sums needs rows of 2 or more whole warps, got {threads} threads"
+    if rows != 1:
+        return f"warp_sums needs one row per block, got {rows}"
+    if hidden is not None and hidden % (threads * vec):
+        return f"warp_sums needs rows that {threads} threads x {vec} split evenly, got {hidden}"
+    return None
 
 
 def _warp_sum_loops(sch, rf):
@@ -385,19 +393,16 @@ def _warp_sums(sch, cfg: CudaRowConfig) -> dict:
     is one warp's), into shared memory at the warp's place (rfactor by warp, threadIdx.z), and
     then every thread of the row adds the warps' sums itself. ThreadSync puts one barrier
     between the two; TVM's own allreduce over several warps takes two (after the warps' sums,
-    and after warp 0 reduced them). Returns the rfactored block -> the name of its sum block.
-    Only whole splits of the row: a predicated column tail does not survive the rfactor."""
-    step = cfg.threads * cfg.vec
+    and after warp 0 reduced them). Returns the rfactored block -> the name of its sum block."""
     done = {}
     for blk in list(sch.get_child_blocks(sch.get_sblock("root"))):
         if not (is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2):
             continue
         name = sch.get(blk).name_hint
         cols = sch.get_loops(blk)[-1]
-        hidden = sch.get(cols).extent
-        if not isinstance(hidden, tirx.IntImm) or hidden.value % step:
-            raise ValueError(f"warp_sums needs rows that {cfg.threads} threads x {cfg.vec} split evenly, "
-                             f"got {hidden}")
+        problem = warp_sums_problem(cfg.threads, cfg.rows, cfg.vec, int(sch.get(cols).extent))  # a static width
+        if problem:
+            raise ValueError(problem)
         warp = sch.split(cols, [None, cfg.threads // 32, 32, cfg.vec])[1]
         rf = sch.rfactor(warp, factor_axis=0)
         for idx in range(len(sch.get(rf).writes)):
