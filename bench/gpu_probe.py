@@ -38,7 +38,8 @@ from tvmnorm.shapes import hidden_sizes, train_rows
 
 def points(key: NormKey, variants: bool = True) -> dict:
     """name -> CudaRowConfig: the default rule's, with keep_row flipped (fp8: keep_y flipped),
-    the earlier rule's, and (``variants``) the kept variants."""
+    the earlier rule's, and (``variants``) the kept variants (those with warp_sums: +ws); the
+    rule's points also with warp_sums where it applies."""
     base = fwd_cuda_heuristic(key.hidden_size, 2)
     out = {"default": base}
     if key.fp8_out and base.keep_row:
@@ -46,13 +47,14 @@ def points(key: NormKey, variants: bool = True) -> dict:
     if not key.fp8_out:
         out["default-flipped"] = dataclasses.replace(base, keep_row=not base.keep_row, keep_y=False)
         out["loaded-per-stage"] = cuda_row_heuristic(key.hidden_size, 2)
-    for threads, vec, keep_y in fwd_kept_variants(key) if variants else ():
-        rows = cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
-        name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "")
-        out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y)
-    # each point again with one barrier a row sum, where it applies (sched.rows.warp_sums_problem)
+    for threads, vec, keep_y, ws in fwd_kept_variants(key) if variants else ():
+        rows = 1 if ws else cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
+        name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "") + ("+ws" if ws else "")
+        out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
+                                        warp_sums=ws)
+    # the rule's points again with one barrier a row sum, where it applies (sched.rows.warp_sums_problem)
     out.update({f"{name}+ws": dataclasses.replace(cfg, warp_sums=True) for name, cfg in list(out.items())
-                if warp_sums_problem(cfg.threads, cfg.rows, cfg.vec, key.hidden_size) is None})
+                if not cfg.warp_sums and warp_sums_problem(cfg.threads, cfg.rows, cfg.vec, key.hidden_size) is None})
     return out
 
 

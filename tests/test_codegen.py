@@ -450,8 +450,9 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     from tvmnorm.sched.space import fwd_kept_variants
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     assert "fwd_kernel" in cuda_source(key)
-    for threads, vec, keep_y in fwd_kept_variants(key):
-        cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True, keep_y=keep_y)
+    for threads, vec, keep_y, warp_sums in fwd_kept_variants(key):
+        cfg = CudaRowConfig(threads=threads, rows=1 if warp_sums else max(1, 128 // threads), vec=vec, keep_row=True,
+                            keep_y=keep_y, warp_sums=warp_sums)
         cuda_source(key, row_config=cfg)
 
 

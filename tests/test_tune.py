@@ -631,7 +631,11 @@ def test_fused_variants_add_warp_multiples_that_split_the_row_evenly():
     assert exact_thread_counts(8192, 8, 4) == [] and exact_thread_counts(4095, 1, 4) == []
     threads = {v[:2] for v in fused_cuda_variants(NormKey(norm="layernorm", stage="bwd", hidden_size=7168))}
     assert {(224, 8), (448, 8), (896, 8), (512, 8), (256, 8), (448, 4), (896, 4)} <= threads
-    assert all(t & (t - 1) == 0 for t, _, _ in fwd_kept_variants(NormKey(hidden_size=7168)))
+    # the forward keeps them for its warp_sums variants (which need an even split) alone
+    kept = fwd_kept_variants(NormKey(hidden_size=7168))
+    assert all(t & (t - 1) == 0 for t, _, _, ws in kept if not ws)
+    assert {(t, v) for t, v, _, ws in kept if ws} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4), (256, 4),
+                                                      (448, 4), (896, 4)}
     assert {v[0] for v in fused_cuda_variants(NormKey(stage="bwd", hidden_size=4095))} == {1024}
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
-from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda
+from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda, warp_sums_problem
 
 TUNED_PARTS = ("fwd", "dx")
 THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -103,18 +103,21 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     structural variant of the fused dx kernel: they decide the register layout of its row
     operands and partial sums (a constant of the trace, see _thread_layout) and the software
     pipeline over its rows, and its loops over registers are unrolled whatever the unroll knob,
-    so only rows per block is sampled there. ``kept`` = (threads, vec, keep_y) makes it a forward
-    variant that keeps the row of x (and fp8's y) in registers (``keep_row``), for the same
-    reasons structural."""
+    so only rows per block is sampled there. ``kept`` = (threads, vec, keep_y, warp_sums) makes
+    it a forward variant that keeps the row of x (and fp8's y) in registers (``keep_row``), for
+    the same reasons structural, and warp_sums changes the thread layout (lanes and warps)."""
     def space(sch):
-        fixed = fused or kept
-        rows = _categorical(sch, fused_rows(fixed[0]) if fixed is not None else ROWS)
+        # a warp_sums variant has one row a block, a plain int: its schedule checks the value
+        rows = 1 if kept and kept[3] else _categorical(sch, fused_rows(fused[0]) if fused else
+                                                       kept_rows(kept) if kept else ROWS)
         if fused is not None:
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)))
         elif kept is not None:
-            cfg = CudaRowConfig(threads=kept[0], rows=rows, vec=kept[1], keep_row=True, keep_y=kept[2])
+            threads, vec, keep_y, warp_sums = kept
+            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
+                                warp_sums=warp_sums)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
@@ -218,20 +221,33 @@ FWD_KEPT_VECTORS = 8
 
 
 def fwd_kept_variants(key: NormKey) -> list:
-    """(threads, vec, keep_y) of the forward that keeps its row of x in registers: the two
-    widest vector widths, and thread counts that give every thread 1 to FWD_KEPT_VECTORS vectors
-    of the row and leave none without one (with idle threads, layernorm at hidden 1 failed to
-    build: TVM mixed int32 and int64 bounds). With fp8 output each also with y computed once into
-    registers (keep_y) or recomputed by the store and by amax: the registers are fp32, twice or
-    four times those of x, so which wins depends on the block."""
+    """(threads, vec, keep_y, warp_sums) of the forward that keeps its row of x in registers:
+    the two widest vector widths, and thread counts that give every thread 1 to
+    FWD_KEPT_VECTORS vectors of the row and leave none without one (with idle threads,
+    layernorm at hidden 1 failed to build: TVM mixed int32 and int64 bounds). With fp8 output
+    each also with y computed once into registers (keep_y) or recomputed by the store and by
+    amax: the registers are fp32, twice or four times those of x, so which wins depends on the
+    block. Each variant whose rows take it (rows.warp_sums_problem) comes again with one barrier
+    a row sum (warp_sums), and so do the warp multiples that split the row evenly
+    (exact_thread_counts), which warp_sums needs: at 7168 no power of two times 16 bytes does."""
     h = key.hidden_size
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
-        for threads in cuda_thread_choices(key):
+        exact = exact_thread_counts(h, vec, FWD_KEPT_VECTORS)
+        for threads in sorted(set(cuda_thread_choices(key)) | set(exact)):
             vectors = -(-h // (threads * vec))
-            if 1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h:
-                out += [(threads, vec, keep_y) for keep_y in ((False, True) if key.fp8_out else (False,))]
+            if not (1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h):
+                continue
+            sums = [False] * (threads not in exact) + [True] * (warp_sums_problem(threads, 1, vec, h) is None)
+            out += [(threads, vec, keep_y, ws) for ws in sums
+                    for keep_y in ((False, True) if key.fp8_out else (False,))]
     return out
+
+
+def kept_rows(kept) -> list:
+    """Rows per block a kept-row variant can have: one under warp_sums (its barrier must not sit
+    under the last block's row guard), else as many as a block holds."""
+    return [1] if kept[3] else fused_rows(kept[0])
 
 
 def llvm_choices(key: NormKey) -> dict:
@@ -285,7 +301,7 @@ def space_size(key: NormKey, kind: str) -> int:
     if key.stage in ("bwd", "bwd_add"):
         return sum(len(fused_rows(t)) * len(min_blocks_choices(t)) for t, *_ in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
-    return sampled + sum(len(fused_rows(kept[0])) for kept in fwd_kept_variants(key))
+    return sampled + sum(len(kept_rows(kept)) for kept in fwd_kept_variants(key))
 
 
 def population_points(key: NormKey, kind: str) -> int:
