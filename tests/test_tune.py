@@ -40,12 +40,16 @@ def test_vector_widths_divide_the_row_and_fit_16_bytes():
 def test_design_space_replays_on_symbolic_rows(key, kind):
     """Every structural variant of the space, with the decisions it sampled, replays from its
     (simplified, as MetaSchedule stores it) trace onto the symbolic-row kernels a library holds
-    (on CUDA both index widths, build.key_funcs), and compiles."""
+    (on CUDA both index widths, build.key_funcs), and compiles. Each samples a decision, even a
+    variant with one choice (warp_sums: one row a block): a trace that samples nothing is taken
+    for the default rule's (the thirteenth lease's forward retune marked its warp_sums records default_won)."""
     from tvmnorm._tvm import Schedule
+    from tvmnorm.tune import is_default_trace
     for part in [p for p in kernel_funcs(key, kind) if p in TUNED_PARTS]:
         spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048, kind)))
         assert len(spaces) == len(design_spaces(key, kind)) >= 1
         for sch in spaces:
+            assert not is_default_trace(sch.trace)
             trace = sch.trace.simplified(remove_postproc=True)
             record = {"parts": {part: json.loads(json.dumps(trace.as_json(), default=lambda o: o.value))}}
             funcs = key_funcs(key, kind, record)

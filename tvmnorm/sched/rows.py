@@ -60,7 +60,7 @@ class CudaRowConfig:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
-        if self.warp_sums and isinstance(self.threads, int):
+        if self.warp_sums and isinstance(self.threads, int) and isinstance(self.rows, int):
             problem = warp_sums_problem(self.threads, self.rows, self.vec)
             if problem:
                 raise ValueError(problem)
@@ -400,7 +400,8 @@ def _warp_sums(sch, cfg: CudaRowConfig) -> dict:
             continue
         name = sch.get(blk).name_hint
         cols = sch.get_loops(blk)[-1]
-        problem = warp_sums_problem(cfg.threads, cfg.rows, cfg.vec, int(sch.get(cols).extent))  # a static width
+        rows = cfg.rows if isinstance(cfg.rows, int) else int(sch.get(cfg.rows))  # a sampled value
+        problem = warp_sums_problem(cfg.threads, rows, cfg.vec, int(sch.get(cols).extent))  # a static width
         if problem:
             raise ValueError(problem)
         warp = sch.split(cols, [None, cfg.threads // 32, 32, cfg.vec])[1]

@@ -107,9 +107,9 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     it a forward variant that keeps the row of x (and fp8's y) in registers (``keep_row``), for
     the same reasons structural, and warp_sums changes the thread layout (lanes and warps)."""
     def space(sch):
-        # a warp_sums variant has one row a block, a plain int: its schedule checks the value
-        rows = 1 if kept and kept[3] else _categorical(sch, fused_rows(fused[0]) if fused else
-                                                       kept_rows(kept) if kept else ROWS)
+        # sampled even where there is one choice (warp_sums: one row a block): a trace that samples
+        # nothing is the default rule's (tune.is_default_trace)
+        rows = _categorical(sch, fused_rows(fused[0]) if fused else kept_rows(kept) if kept else ROWS)
         if fused is not None:
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
