@@ -1,0 +1,70 @@
+"""The README's H200 tables (section Benchmarks) from a merged bench file, so that they are
+regenerated, not retyped, after each lease:
+
+    python bench/readme_tables.py bench/results/h200-tuned.json
+
+bf16 training rows of the catalog, by hidden size. Cells are ``frac`` for tuned / default / eager /
+torch.compile / Liger; "–" in the first place where the library serves the default kernel (the
+key's record is the default's schedule: no tvmnorm_tuned row). The second table has the fp8
+forwards, the copy of each case's own bytes as a fraction of the large copy, and the served
+kernel's ``frac_at_size``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from tvmnorm.shapes import hidden_sizes, train_rows
+
+IMPLS = ("tvmnorm_tuned", "tvmnorm_default", "torch_eager", "torch_compile", "liger")
+TRAIN = ("rmsnorm_fwd", "layernorm_fwd", "rmsnorm_bwd", "layernorm_bwd")
+FP8 = ("rmsnorm_fwd_fp8", "layernorm_fwd_fp8")
+
+
+def cases(records: list) -> dict:
+    """(op, hidden) -> impl -> record, for the bf16 training rows that ran."""
+    out = {}
+    for r in records:
+        if r["dtype"] == "bf16" and r["rows"] == train_rows(r["hidden"]) and r.get("status") == "ok":
+            out.setdefault((r["op"], r["hidden"]), {})[r["impl"]] = r
+    return out
+
+
+def cell(by_impl: dict, impls) -> str:
+    return " / ".join(f"{by_impl[i]['frac']:.2f}" if i in by_impl else "–" for i in impls)
+
+
+def served(by_impl: dict) -> dict | None:
+    return by_impl.get("tvmnorm_tuned") or by_impl.get("tvmnorm_default")
+
+
+def tables(records: list) -> str:
+    c = cases(records)
+    lines = ["| hidden | rows | " + " | ".join(TRAIN) + " |", "|---" * (2 + len(TRAIN)) + "|"]
+    for h in sorted(hidden_sizes()):
+        lines.append(f"| {h} | {train_rows(h)} | " + " | ".join(cell(c.get((op, h), {}), IMPLS) for op in TRAIN) + " |")
+    lines += ["", "| hidden | " + " | ".join(FP8) + " | copy at size: fwd / bwd / fp8 | served at size: rms fwd / "
+              "ln fwd / rms bwd / ln bwd |", "|---" * (3 + len(FP8)) + "|"]
+    for h in sorted(hidden_sizes()):
+        fp8 = [cell(c.get((op, h), {}), IMPLS[:4]) for op in FP8]
+        at_size = []
+        for op in ("rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_fwd_fp8"):
+            r = served(c.get((op, h), {}))
+            at_size.append(f"{r['copy_at_size_gbps'] / r['copy_gbps']:.2f}" if r else "–")
+        frac_at = []
+        for op in TRAIN:
+            r = served(c.get((op, h), {}))
+            frac_at.append(f"{r['frac_at_size']:.2f}" if r else "–")
+        lines.append(f"| {h} | " + " | ".join(fp8) + f" | {' / '.join(at_size)} | {' / '.join(frac_at)} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench_json")
+    args = ap.parse_args()
+    print(tables(json.load(open(args.bench_json))["records"]))
+
+
+if __name__ == "__main__":
+    main()
