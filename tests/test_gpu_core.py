@@ -192,6 +192,25 @@ def test_cuda_dx_under_a_register_cap(norm, stage, dtype, hidden, threads, vec, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, 31, 32, 33, 4097, 16384))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,prefetch,stages,min_blocks", [
+    ("layernorm", "bwd", "bf16", 8192, 512, 4, 2, 1, 1), ("layernorm", "bwd", "bf16", 7168, 448, 8, 1, 2, 1),
+    ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 2, 1, 2), ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 2, 2, 1),
+    ("rmsnorm", "bwd_add", "fp16", 4095, 1024, 1, 1, 1, 1), ("layernorm", "bwd", "bf16", 128, 16, 8, 4, 1, 1)])
+def test_cuda_dx_walking_whole_chunks(norm, stage, dtype, hidden, threads, vec, prefetch, stages, min_blocks, rows,
+                                      rng, seed):
+    """The dx kernel whose walk over a chunk comes without row guards where all its rows are in
+    bounds (full_chunks, _tvm.FULL_CHUNK), and guarded for the last chunk: right against float64
+    with one row, a chunk one row short of T = 32, exactly T, one past it, a last chunk of one
+    row and whole chunks only, pipelined, under a register cap, with a column tail and bwd_add."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, prefetch=prefetch, stages=stages,
+                        min_blocks=min_blocks, full_chunks=1)
+    kernel = variant_kernel(key, "cuda", cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, 31, 33, 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,group", [
     ("layernorm", "bwd", "bf16", 7168, 448, 8, 2), ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4),

@@ -294,6 +294,40 @@ def test_variant_kernel_runs_a_point_of_the_space(stage, rng, seed):
         check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} rows={rows} seed={seed}")
 
 
+def test_llvm_point_that_does_not_divide_the_row_is_refused():
+    """A CPU point whose vector lanes x accumulators (or output step) leave a tail of the row
+    (space.llvm_choices never draws one) is refused by name: it computed wrong sums silently
+    (layernorm bwd 1000 with 8 lanes x 2 accumulators: every dx element wrong)."""
+    from tvmnorm.runtime import variant_kernel
+    from tvmnorm.sched.rows import CpuRowConfig
+    key = NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000)
+    with pytest.raises(ValueError, match=r"vec \* acc = 8 \* 2 must divide the row of 1000"):
+        variant_kernel(key, "llvm", CpuRowConfig(vec=8, rows=1, acc=2, unroll=1))
+    with pytest.raises(ValueError, match=r"vec \* unroll = 8 \* 2 must divide"):
+        variant_kernel(NormKey(hidden_size=1000), "llvm", CpuRowConfig(vec=8, rows=1, acc=1, unroll=2))
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32",
+                                         hidden_size=1000),
+                                 NormKey(stage="bwd_add", hidden_size=128),
+                                 NormKey(norm="layernorm", stage="bwd", hidden_size=4095)], ids=lambda k: k.name)
+def test_dx_walking_whole_chunks_without_row_guards_is_right(key, rng, seed):
+    """full_chunks (_tvm.FULL_CHUNK: the chunk walk in two versions, one without row guards for
+    chunks whose rows are all below n) on the llvm dx kernel, where it runs here: right against
+    float64 with one row, a chunk one row short of T, exactly T, one row past it and a last chunk
+    of a few rows. (On CUDA it is a knob of the tuned space: tests/test_gpu_core.py.)"""
+    from tvmnorm.runtime import variant_kernel
+    from tvmnorm.sched.rows import CpuRowConfig
+    from tvmnorm.sched.space import llvm_choices
+    choices = llvm_choices(key)
+    kernel = variant_kernel(key, "llvm", CpuRowConfig(vec=max(choices["vec"]), rows=2, acc=max(choices["acc"]),
+                                                      unroll=max(choices["unroll"]), full_chunks=1))
+    T = kernel.chunk_rows
+    for rows in (1, T - 1, T, T + 1, 3 * T + 5):
+        inputs = make_inputs(key, rows, rng)
+        check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} rows={rows} seed={seed}")
+
+
 @pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
                                  NormKey(stage="bwd_add", hidden_size=128),
                                  NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4095)], ids=lambda k: k.name)

@@ -610,13 +610,15 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
 def test_search_population_follows_the_space_size():
     """The population drawn each round is the space's size (32..256): the fused CUDA backward's
     ~100 points over 12-20 design spaces took ~9 s per task and round to draw at 256. The
-    backward's min_blocks factor is left out of it (population_points): it would make a batch's
-    population 88 instead of 32 and the draw ~3x longer, for rounds that measure 8."""
-    from tvmnorm.sched.space import MIN_BLOCKS, population_points, space_size
+    backward's min_blocks and full_chunks factors are left out of it (population_points): they
+    would make a batch's population 176 instead of 32 and the draw ~5x longer, for rounds that
+    measure 8."""
+    from tvmnorm.sched.space import FULL_CHUNKS, MIN_BLOCKS, population_points, space_size
     from tvmnorm.tune import _search
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
     assert 32 < population_points(bwd, "cuda") < 256
-    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= len(MIN_BLOCKS) * population_points(bwd, "cuda")
+    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (len(MIN_BLOCKS) * len(FULL_CHUNKS)
+                                                                      * population_points(bwd, "cuda"))
     assert _search(population_points(bwd, "cuda")).population_size == population_points(bwd, "cuda")
     ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192)
     assert _search(population_points(ln8192, "cuda")).population_size == 32
@@ -647,11 +649,12 @@ def test_fused_space_samples_only_valid_block_sizes():
     """Each fused variant samples only the chunk lanes per block that keep a block within 1024
     threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168
     held 20 invalid points, which MetaSchedule kept sampling to find the 15 valid ones)."""
-    from tvmnorm.sched.space import ROWS, fused_cuda_variants, fused_rows, min_blocks_choices, space_size
+    from tvmnorm.sched.space import FULL_CHUNKS, ROWS, fused_cuda_variants, fused_rows, min_blocks_choices, space_size
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
     variants = fused_cuda_variants(bwd)
     assert all(v[0] * r <= 1024 for v in variants for r in fused_rows(v[0]))
-    assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) * len(min_blocks_choices(t)) for t, *_ in variants)
+    assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) * len(min_blocks_choices(t)) * len(FULL_CHUNKS)
+                                          for t, *_ in variants)
     assert sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
     assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
     # an SM holds 2048 threads: a lane of 1024 threads may ask for 2 blocks, of 448 for 4

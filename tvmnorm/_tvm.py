@@ -133,16 +133,173 @@ def _unroll_annotated(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, unroll)]))
 
 
+# A loop annotated with FULL_CHUNK (the fused dx kernel's walk over the rows of its chunk) runs
+# in two versions: when every row of the walk is below the row count, a copy of the loop with
+# no row guard, and the guarded loop otherwise (the last chunk of a launch). Each stage of a row
+# carries its own guard (a block predicate, or the partial sum's if_then_else) on every element,
+# and nvcc does not reuse a value across two if-blocks of the same condition: the walk converted
+# each bf16 element of dy and x to fp32, and computed xhat and dy*gamma, once per stage that
+# reads them. Without the guards nvcc computes them once (ptxas: layernorm 8192's dx record,
+# 1344 -> 896 instructions; under Nsight Compute Liger's kernel ran half of ours' instructions
+# for the same bytes, bench/results/h200-probes-13/).
+FULL_CHUNK = "tvmnorm.full_chunk"
+
+
+def _conjuncts(cond) -> list:
+    return _conjuncts(cond.a) + _conjuncts(cond.b) if isinstance(cond, tirx.And) else [cond]
+
+
+def _is_row_guard(cond, row_counts) -> bool:
+    return isinstance(cond, tirx.LT) and any(cond.b.same_as(v) for v in row_counts)
+
+
+def _without_row_guards(cond, row_counts):
+    """``cond`` less its row guards (``row < n``, n a row count), or None where nothing is left."""
+    rest = [c for c in _conjuncts(cond) if not _is_row_guard(c, row_counts)]
+    if not rest:
+        return None
+    out = rest[0]
+    for c in rest[1:]:
+        out = tirx.And(out, c)
+    return out
+
+
+def _walk(stmt, types, fn):
+    def visit(node):
+        fn(node)
+        return node
+    tvm_ffi.structural_map(stmt, [(types, visit)])
+
+
+def _is_if_then_else(node) -> bool:
+    return getattr(node, "op", None) is not None and getattr(node.op, "name", "") == "prim.if_then_else"
+
+
+def _condition(node):
+    if isinstance(node, (tirx.IfThenElse, tirx.Select)):
+        return node.condition
+    return node.args[0] if _is_if_then_else(node) else None
+
+
+def _row_guards_of(stmt, row_counts) -> list:
+    """The row guards (``row < n``, n a row count of the function) in the conditions of every
+    if, if_then_else and select in ``stmt`` (alone, or one term of an and)."""
+    found = []
+
+    def note(node):
+        cond = _condition(node)
+        if cond is not None:
+            found.extend(c for c in _conjuncts(cond) if _is_row_guard(c, row_counts))
+    _walk(stmt, (tirx.IfThenElse, tirx.Select, tvm.ir.Call), note)
+    return found
+
+
+def _full_chunk(loop, row_counts):
+    """``loop`` versioned as FULL_CHUNK says, or ``loop`` (without the annotation) where a guard
+    is not a row index that grows with the loops around it: the guards then stay."""
+    from tvm import sym
+    annotations = {a: v for a, v in loop.annotations.items() if a != FULL_CHUNK}
+    plain = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding, annotations,
+                     loop.step, loop.span)
+    loops = [loop]
+    _walk(loop.body, tirx.For, loops.append)
+    # (a Var's == builds an expression: no dict keyed by them)
+    loop_vars = [lp.loop_var for lp in loops]
+    last = [lp.min + lp.extent - 1 for lp in loops]
+
+    def at_last(v):
+        return next((e for u, e in zip(loop_vars, last) if u.same_as(v)), v)
+    analyzer = sym.Analyzer()
+    whole = []
+    for cond in _row_guards_of(loop.body, row_counts):
+        coeffs = sym.detect_linear_equation(cond.a, loop_vars)
+        if not coeffs or any(not isinstance(c, tirx.IntImm) or c.value < 0 for c in coeffs[:-1]):
+            return plain
+        # the guard of the walk's last row (the largest index, as no coefficient is negative)
+        bound = tirx.LT(tvm_ffi.structural_map(cond.a, [(tirx.Var, at_last)]), cond.b)
+        if not any(tvm_ffi.structural_equal(bound, w) for w in whole):
+            whole.append(bound)
+    if not whole:
+        return plain
+    # one test per row count: the guard of the largest row implies the others
+    whole = [w for i, w in enumerate(whole)
+             if not any(j != i and v.b.same_as(w.b) and analyzer.can_prove(w.a <= v.a)
+                        and (j < i or not analyzer.can_prove(v.a <= w.a)) for j, v in enumerate(whole))]
+
+    def unguarded_if(node):
+        cond = _without_row_guards(node.condition, row_counts)
+        if cond is None:
+            return node.then_case
+        return node if cond.same_as(node.condition) else tirx.IfThenElse(cond, node.then_case, node.else_case)
+
+    def unguarded_expr(node):
+        cond = _condition(node)
+        if cond is None:
+            return node
+        rest = _without_row_guards(cond, row_counts)
+        if rest is not None and rest.same_as(cond):
+            return node
+        if isinstance(node, tirx.Select):
+            return node.true_value if rest is None else tirx.Select(rest, node.true_value, node.false_value)
+        return node.args[1] if rest is None else tirx.if_then_else(rest, node.args[1], node.args[2])
+    body = tvm_ffi.structural_map(plain.body, [(tirx.IfThenElse, unguarded_if),
+                                               ((tirx.Select, tvm.ir.Call), unguarded_expr)])
+    fast = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
+                    loop.step, loop.span)
+    # the copy defines its own loop variables, lets and buffers: defined twice, a let's value from
+    # one branch was used in the other by the llvm codegen (wrong dx on the CPU)
+    fast = s_tir.renew_defs(tirx.PrimFunc([], fast)).body
+    cond = whole[0]
+    for w in whole[1:]:
+        cond = tirx.And(cond, w)
+    return tirx.IfThenElse(analyzer.simplify(cond), fast, plain)
+
+
+def _free_vars(func) -> list:
+    """The variables ``func``'s body uses and does not define (nor takes as a parameter): its
+    symbolic shapes, such as the row count n."""
+    defined, used = list(func.params), []
+
+    def note(node):
+        if isinstance(node, tirx.For):
+            defined.append(node.loop_var)
+        elif isinstance(node, (tirx.LetStmt, tirx.Let, tirx.Bind)):
+            defined.append(node.var)
+        elif isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+            defined.append(node.node.var)
+        elif isinstance(node, tirx.Var) and not any(node.same_as(u) for u in used):
+            used.append(node)
+    _walk(func.body, (tirx.For, tirx.LetStmt, tirx.Let, tirx.Bind, tirx.AttrStmt, tirx.Var), note)
+    return [v for v in used if not any(v.same_as(d) for d in defined)]
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.FullChunk")
+def _full_chunks(func, _mod, _ctx):
+    marked = []
+    _walk(func.body, tirx.For, lambda loop: marked.append(loop) if FULL_CHUNK in loop.annotations else None)
+    if not marked:
+        return func
+    row_counts = _free_vars(func)
+
+    def version(loop):
+        if FULL_CHUNK not in loop.annotations:
+            return loop
+        return _full_chunk(loop, row_counts if int(loop.annotations[FULL_CHUNK]) else [])
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, version)]))
+
+
 def _install_unroll_by():
-    """Run _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks
-    the pass up on tirx.transform at each build). It changes only loops that carry UNROLL_BY."""
+    """Run _full_chunks and _unroll_annotated first wherever the default TIR pipeline runs
+    UnrollLoop (it looks the pass up on tirx.transform at each build). They change only loops
+    that carry FULL_CHUNK or UNROLL_BY."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return
 
     def unroll_loop():
-        # the copies re-declare the body's buffers: ConvertSSA gives each copy its own
-        return tvm.transform.Sequential([_unroll_annotated, tirx.transform.ConvertSSA(), original()],
+        # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
+        # copy its own
+        return tvm.transform.Sequential([_full_chunks, _unroll_annotated, tirx.transform.ConvertSSA(), original()],
                                         name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True
     tirx.transform.UnrollLoop = unroll_loop

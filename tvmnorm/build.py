@@ -23,9 +23,10 @@ MANIFEST = "manifest.json"
 LIBRARY = "libtvmnorm.so"
 FORMAT = 1
 _PKG = pathlib.Path(__file__).resolve().parent
-# Files whose change changes what a kernel computes or how it is scheduled, or which kernels a
-# library holds for a key (build.py: key_funcs).
-_SOURCE_GLOBS = ("key.py", "build.py", "compute/*.py", "sched/*.py")
+# Files whose change changes what a kernel computes or how it is scheduled or lowered (_tvm.py:
+# the passes for loops a schedule annotates), or which kernels a library holds for a key
+# (build.py: key_funcs).
+_SOURCE_GLOBS = ("key.py", "build.py", "_tvm.py", "compute/*.py", "sched/*.py")
 
 
 @functools.lru_cache(maxsize=None)

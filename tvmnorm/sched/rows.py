@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import MIN_BLOCKS_PER_SM, UNROLL_BY, Schedule, tirx
+from .._tvm import FULL_CHUNK, MIN_BLOCKS_PER_SM, UNROLL_BY, Schedule, tirx
 from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
@@ -48,6 +48,8 @@ class CudaRowConfig:
     min_blocks: int = 1       # blocks one SM must hold at once (__launch_bounds__'s second
                               # argument, _tvm.MIN_BLOCKS_PER_SM): ptxas then caps a thread's
                               # registers at 64K / (threads * rows * min_blocks)
+    full_chunks: int = 0      # fused dx only: 1 walks a chunk whose rows are all below the row
+                              # count without a row guard (_tvm.FULL_CHUNK), the last one with them
     warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
                               # sums then added by every thread from shared memory: one barrier
                               # a reduction instead of two (_warp_sums); threads in whole warps
@@ -72,6 +74,8 @@ class CpuRowConfig:
     rows: int = 1             # rows per parallel task
     acc: int = 4              # independent vector accumulators per row reduction (rfactor lanes / vec)
     unroll: int = 1           # vectors per step of the elementwise output loop (unrolled)
+    full_chunks: int = 0      # fused dx only: 1 walks a chunk whose rows are all below the row
+                              # count without a row guard (_tvm.FULL_CHUNK), the last one with them
 
 
 def is_output(sch, blk) -> bool:
@@ -262,6 +266,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             bx, ty = sch.split(q, [None, cfg.rows])
             group, row = sch.split(t, [None, cfg.prefetch])
             sch.unroll(row)  # the rows' registers are indexed by it: constant indices
+            if not isinstance(cfg.full_chunks, int) or cfg.full_chunks:  # a sampled value is annotated whatever it is
+                sch.annotate(group, FULL_CHUNK, cfg.full_chunks)
             _row_scalars(sch, row)
         depth = 4  # (block, chunk lane, group of rows, row of the group)
     sch.bind(bx, "blockIdx.x")
@@ -504,6 +510,16 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
     sch.transform_layout(part, ("write", 0), layout, assume_injective_transform=True)
 
 
+def _cpu_row_divides(hidden: int, cfg: CpuRowConfig) -> None:
+    """Refuse a point whose vector lanes x accumulators or output step does not divide the row
+    (space.llvm_choices draws only those that do): a reduction's predicated tail does not
+    survive reverse_compute_at, and such a kernel computed wrong sums without a word."""
+    knobs = {"vec * acc": (cfg.vec, cfg.acc), "vec * unroll": (cfg.vec, cfg.unroll)}
+    for name, (a, b) in knobs.items():
+        if isinstance(a, int) and isinstance(b, int) and hidden % (a * b):
+            raise ValueError(f"{name} = {a} * {b} must divide the row of {hidden} elements on llvm")
+
+
 def _cpu_rfactor(sch, blk, acc, vec):
     """Split a per-row reduction over the hidden axis so it runs in SIMD lanes with ``acc``
     independent vector accumulators: k -> (ko, acc*vec); rfactor the inner part (rf1: per-lane
@@ -534,6 +550,7 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     part = _named_block(sch, PART_BLOCK)
     for blk in list(sch.get_child_blocks(root)):
         if is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2:
+            _cpu_row_divides(int(sch.get(sch.get_loops(blk)[-1]).extent), cfg)
             _cpu_rfactor(sch, blk, cfg.acc, cfg.vec)
     blocks = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint != PART_BLOCK]
     anchor = blocks[0]
@@ -545,7 +562,9 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
         depth = 2
     else:
         part = sch.get_sblock(PART_BLOCK)  # rfactor replaced the block RVs' function
-        q, _ = _chunk_rows(sch, blocks, part)
+        q, t = _chunk_rows(sch, blocks, part)
+        if not isinstance(cfg.full_chunks, int) or cfg.full_chunks:
+            sch.annotate(t, FULL_CHUNK, cfg.full_chunks)
         task, _ = sch.split(q, [None, cfg.rows])
         sch.parallel(task)
         depth = 3  # (task, chunk of the task, row of the chunk)

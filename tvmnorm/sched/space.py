@@ -113,7 +113,8 @@ def cuda_space(key: NormKey, fused=None, kept=None):
         if fused is not None:
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
-                                min_blocks=_categorical(sch, min_blocks_choices(threads)))
+                                min_blocks=_categorical(sch, min_blocks_choices(threads)),
+                                full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
             threads, vec, keep_y, warp_sums = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -152,6 +153,14 @@ def min_blocks_choices(threads: int) -> list:
     holds at most 2048 threads; rows per block is sampled apart, so a larger block may ask for
     more than fit: ptxas then caps its registers as asked, and the measurement judges it)."""
     return [b for b in MIN_BLOCKS if b * threads <= 2048]
+
+
+# Whether the fused dx kernel walks a chunk whose rows are all in bounds without row guards
+# (CudaRowConfig.full_chunks, _tvm.FULL_CHUNK): ptxas counted a third fewer instructions for
+# layernorm 8192's dx (1248 -> 864 at 512 threads x 4, 2 rows a group), as nvcc then converts
+# and combines each element once for every stage; the copy of the walk it adds takes registers
+# (spills went 64 -> 72 bytes there), so the search decides.
+FULL_CHUNKS = (0, 1)
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
@@ -299,16 +308,18 @@ def space_size(key: NormKey, kind: str) -> int:
             n *= len(values)
         return n
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_rows(t)) * len(min_blocks_choices(t)) for t, *_ in fused_cuda_variants(key))
+        return sum(len(fused_rows(t)) * len(min_blocks_choices(t)) * len(FULL_CHUNKS)
+                   for t, *_ in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
     return sampled + sum(len(kept_rows(kept)) for kept in fwd_kept_variants(key))
 
 
 def population_points(key: NormKey, kind: str) -> int:
     """The points a search round draws for ``key`` (tune._search): the space's size, but for the
-    fused backward without the min_blocks factor, which multiplies it by up to 4 (23 -> 88 points
-    at layernorm 8192, the smallest bwd space, which sets a batch's population). Drawing costs
-    ~35 ms a point and task on the H200 host, and a round of a backward task measures 8."""
+    fused backward without the min_blocks and full_chunks factors, which multiply it by up to 8
+    (23 -> 176 points at layernorm 8192, the smallest bwd space, which sets a batch's
+    population). Drawing costs ~35 ms a point and task on the H200 host, and a round of a
+    backward task measures 8."""
     if kind == "cuda" and key.stage in ("bwd", "bwd_add"):
         return sum(len(fused_rows(t)) for t, *_ in fused_cuda_variants(key))
     return space_size(key, kind)
