@@ -234,7 +234,7 @@ def test_dx_asks_for_min_blocks_per_sm_in_its_launch_bounds(norm, hidden, thread
 
 @pytest.mark.parametrize("norm,stage,hidden,threads,prefetch,stages,min_blocks", [
     ("layernorm", "bwd", 8192, 512, 2, 1, 1), ("rmsnorm", "bwd_add", 1000, 128, 2, 2, 2),
-    ("layernorm", "bwd", 1024, 128, 1, 1, 1)])
+    ("layernorm", "bwd", 1024, 128, 1, 1, 1), ("layernorm", "bwd", 2048, 64, 2, 1, 1)])
 def test_dx_walks_whole_chunks_without_row_guards(norm, stage, hidden, threads, prefetch, stages, min_blocks):
     """full_chunks (_tvm.FULL_CHUNK): the dx kernel's walk comes twice, under one test of its
     chunk's last row: a copy with no row guard at all (loads, row sums, dx, partial sums), taken
@@ -250,10 +250,13 @@ def test_dx_walks_whole_chunks_without_row_guards(norm, stage, hidden, threads, 
     assert len(walk.findall(guarded)) == 1 and len(walk.findall(body)) == 2
     test = re.search(r"if \((.*) < n\) \{\n\s*for \(int64_t", body)
     assert test, "no test of the chunk's last row before the walk"
-    # the walk's last row: the lane's first row (blockIdx.x * 32 with one lane a block) plus up to
-    # T - 1 = 31 (a pipelined walk leaves its last groups to the loop's epilogue)
-    last = re.fullmatch(r"\(+\(int64_t\)blockIdx\.x\) \* \(int64_t\)32\) \+ \(int64_t\)(\d+)\)", test[1])
-    assert last and (int(last[1]) == 31 or stages > 1 and int(last[1]) < 31), test[1]
+    # the last row of the block's last chunk lane, whatever the thread: all of a block's threads
+    # take one version (the row sums' barriers); a pipelined walk leaves its last groups to the
+    # loop's epilogue
+    last = re.fullmatch(r"\(+\(int64_t\)blockIdx\.x\) \* \(int64_t\)(\d+)\) \+ \(int64_t\)(\d+)\)", test[1])
+    per_block = 32 * cfg.rows
+    assert last and int(last[1]) == per_block, test[1]
+    assert int(last[2]) == per_block - 1 or stages > 1 and int(last[2]) < per_block - 1, test[1]
     fast = body[test.end():body.index("} else {", test.end())]
     assert "< n" not in fast and "dy_ptr" in fast and "part_local" in fast
     # the guarded copy keeps its guards (less those the failed test decides, which TVM's

@@ -194,9 +194,12 @@ def _row_guards_of(stmt, row_counts) -> list:
     return found
 
 
-def _full_chunk(loop, row_counts):
+def _full_chunk(loop, row_counts, threads=()):
     """``loop`` versioned as FULL_CHUNK says, or ``loop`` (without the annotation) where a guard
-    is not a row index that grows with the loops around it: the guards then stay."""
+    is not a row index that grows with the loops around it: the guards then stay. ``threads``
+    holds (threadIdx var, extent) of the kernel: the test takes each at its largest value, so
+    that every thread of a block takes the same version (the walk's row sums hold barriers, which
+    all of a block's threads must reach in the same code)."""
     from tvm import sym
     annotations = {a: v for a, v in loop.annotations.items() if a != FULL_CHUNK}
     plain = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding, annotations,
@@ -204,8 +207,8 @@ def _full_chunk(loop, row_counts):
     loops = [loop]
     _walk(loop.body, tirx.For, loops.append)
     # (a Var's == builds an expression: no dict keyed by them)
-    loop_vars = [lp.loop_var for lp in loops]
-    last = [lp.min + lp.extent - 1 for lp in loops]
+    loop_vars = [lp.loop_var for lp in loops] + [v for v, _ in threads]
+    last = [lp.min + lp.extent - 1 for lp in loops] + [e - 1 for _, e in threads]
 
     def at_last(v):
         return next((e for u, e in zip(loop_vars, last) if u.same_as(v)), v)
@@ -280,11 +283,14 @@ def _full_chunks(func, _mod, _ctx):
     if not marked:
         return func
     row_counts = _free_vars(func)
+    threads = []
+    _walk(func.body, tirx.AttrStmt, lambda a: threads.append((a.node.var, a.value))
+          if a.attr_key == "thread_extent" and a.node.thread_tag.startswith("threadIdx") else None)
 
     def version(loop):
         if FULL_CHUNK not in loop.annotations:
             return loop
-        return _full_chunk(loop, row_counts if int(loop.annotations[FULL_CHUNK]) else [])
+        return _full_chunk(loop, row_counts if int(loop.annotations[FULL_CHUNK]) else [], threads)
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, version)]))
 
 

@@ -35,9 +35,11 @@ row schedule splits its rows into chunks of the key's static T (``rows_per_parti
 columns' running sums and ``stages`` groups of ``prefetch`` rows of dy and x in registers, whose
 layout depends on threads, vec and prefetch, and the next groups load while one computes
 (``stages`` > 1, a software pipeline): there each (threads, vec, prefetch, stages) is its own
-design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block
-and the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) are sampled
-within it.
+design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block,
+the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) and whether whole
+chunks are walked without row guards (``full_chunks``) are sampled within it. The kept-row
+forward variants come again with one barrier a row sum (``warp_sums``) where the row splits
+evenly over whole warps.
 """
 from __future__ import annotations
 
