@@ -10,7 +10,8 @@ Points per key: the default rule's config (sched.default.fwd_cuda_heuristic) wit
 sets it and flipped, the earlier rule (cuda_row_heuristic: x loaded by each stage), and every kept
 variant of the space (sched.space.fwd_kept_variants) with the rows per block cuda_row_heuristic
 gives its thread count; each of them also with one barrier a row sum (+ws: warp_sums) where
-that applies. With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
+that applies, and those of several rows a block also computing a block whose rows are all in
+bounds without row guards (+fc: full_chunks). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
 alone, which with the library's whole call shows what the amax kernels cost. ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
@@ -39,7 +40,8 @@ from tvmnorm.shapes import hidden_sizes, train_rows
 def points(key: NormKey, variants: bool = True) -> dict:
     """name -> CudaRowConfig: the default rule's, with keep_row flipped (fp8: keep_y flipped),
     the earlier rule's, and (``variants``) the kept variants (those with warp_sums: +ws); the
-    rule's points also with warp_sums where it applies."""
+    rule's points also with warp_sums where it applies, and every point of several rows a block
+    also with full_chunks (+fc)."""
     base = fwd_cuda_heuristic(key.hidden_size, 2)
     out = {"default": base}
     if key.fp8_out and base.keep_row:
@@ -55,6 +57,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
     # the rule's points again with one barrier a row sum, where it applies (sched.rows.warp_sums_problem)
     out.update({f"{name}+ws": dataclasses.replace(cfg, warp_sums=True) for name, cfg in list(out.items())
                 if not cfg.warp_sums and warp_sums_problem(cfg.threads, cfg.rows, cfg.vec, key.hidden_size) is None})
+    # and blocks of several rows computed without row guards where all their rows are in bounds
+    out.update({f"{name}+fc": dataclasses.replace(cfg, full_chunks=1) for name, cfg in list(out.items())
+                if cfg.rows > 1})
     return out
 
 

@@ -265,6 +265,29 @@ def test_dx_walks_whole_chunks_without_row_guards(norm, stage, hidden, threads, 
     assert guarded.count("< n") - 4 <= rest.count("< n") + body[:test.start()].count("< n") <= guarded.count("< n")
 
 
+@pytest.mark.parametrize("key,threads,rows,vec,keep", [
+    (NormKey(hidden_size=128), 16, 8, 8, True), (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024), 64, 4, 8, True),
+    (NormKey(norm="layernorm", hidden_size=1000), 32, 4, 4, False), (NormKey(hidden_size=4096), 512, 1, 8, True)],
+    ids=lambda v: getattr(v, "name", str(v)))
+def test_fwd_computes_whole_blocks_without_row_guards(key, threads, rows, vec, keep):
+    """full_chunks on the forward: a block of several rows all below n runs a copy of the kernel
+    body with no row guard, under one test of the block's last row that every thread of the
+    block takes alike (the rows' allreduce barriers); the last block keeps its guards. One row a
+    block has no row guard to drop."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep, keep_y=keep and key.fp8_out)
+    guarded = kernel(cuda_source(key, row_config=cfg), "fwd")
+    body = kernel(cuda_source(key, row_config=dataclasses.replace(cfg, full_chunks=1)), "fwd")
+    if rows == 1:
+        assert "< n" not in guarded and body == guarded
+        return
+    test = re.search(r"if \(\(+\(int64_t\)blockIdx\.x\) \* \(int64_t\)(\d+)\) \+ \(int64_t\)(\d+)\) < n\) \{", body)
+    assert test and int(test[1]) == rows and int(test[2]) == rows - 1, body[:400]
+    fast = body[test.end():body.index("} else {", test.end())]
+    assert "< n" not in fast and "x_ptr" in fast and "y_ptr" in fast
+    assert guarded.count("< n") > 2 and body[body.index("} else {", test.end()):].count("< n") >= guarded.count("< n") - 2
+
+
 def test_min_blocks_decision_replays_on_both_index_widths():
     """A tuned record whose min_blocks decision is 2 (the sampled knob of the fused dx space)
     gives the library's dx kernel in both index widths (build.key_funcs) __launch_bounds__(N, 2)."""

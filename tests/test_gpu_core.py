@@ -248,6 +248,25 @@ def test_cuda_fwd_warp_sums(norm, dtype, otype, hidden, threads, vec, keep, rows
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, 7, 8, 9, 16385))
+@pytest.mark.parametrize("norm,dtype,otype,hidden,threads,block_rows,vec,keep", [
+    ("rmsnorm", "bf16", "bf16", 128, 16, 8, 8, True), ("layernorm", "bf16", "bf16", 128, 16, 8, 8, False),
+    ("layernorm", "bf16", "fp8e4m3+y", 1024, 64, 4, 8, True), ("layernorm", "fp32", "fp32", 1000, 32, 4, 4, False),
+    ("rmsnorm", "fp16", "fp8e5m2", 4095, 128, 8, 1, False), ("rmsnorm", "bf16", "bf16", 2048, 256, 2, 8, True)])
+def test_cuda_fwd_whole_blocks(norm, dtype, otype, hidden, threads, block_rows, vec, keep, rows, rng, seed):
+    """The forward that computes a block whose rows are all below n without row guards
+    (full_chunks, _tvm.FULL_CHUNK) and the last block with them: right against float64 with one
+    row, a block one row short, a whole one, one row past it and the training rows of hidden 128
+    plus one, rows of part of a warp and of several warps (barriers in both versions), column
+    tails and fp8 output with its amax."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    otype, keep_y = otype.removesuffix("+y"), otype.endswith("+y")
+    key = NormKey(norm=norm, stage="fwd", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=block_rows, vec=vec, keep_row=keep, keep_y=keep_y, full_chunks=1)
+    kernel = variant_kernel(key, "cuda", cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, 257))
 @pytest.mark.parametrize("norm,dtype,otype,hidden,threads,vec", [
     ("rmsnorm", "bf16", "bf16", 8192, 1024, 8), ("layernorm", "bf16", "bf16", 7168, 256, 4),

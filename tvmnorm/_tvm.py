@@ -194,6 +194,14 @@ def _row_guards_of(stmt, row_counts) -> list:
     return found
 
 
+def _unit_free(loop):
+    """``loop``'s body where it runs once (the unit loop that carries the annotation of a
+    thread-bound loop once TVM lifts the binding): annotated, TVM would have kept it."""
+    if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1:
+        return _substitute(loop.body, loop.loop_var, loop.min)
+    return loop
+
+
 def _full_chunk(loop, row_counts, threads=()):
     """``loop`` versioned as FULL_CHUNK says, or ``loop`` (without the annotation) where a guard
     is not a row index that grows with the loops around it: the guards then stay. ``threads``
@@ -217,13 +225,13 @@ def _full_chunk(loop, row_counts, threads=()):
     for cond in _row_guards_of(loop.body, row_counts):
         coeffs = sym.detect_linear_equation(cond.a, loop_vars)
         if not coeffs or any(not isinstance(c, tirx.IntImm) or c.value < 0 for c in coeffs[:-1]):
-            return plain
+            return _unit_free(plain)
         # the guard of the walk's last row (the largest index, as no coefficient is negative)
         bound = tirx.LT(tvm_ffi.structural_map(cond.a, [(tirx.Var, at_last)]), cond.b)
         if not any(tvm_ffi.structural_equal(bound, w) for w in whole):
             whole.append(bound)
     if not whole:
-        return plain
+        return _unit_free(plain)
     # one test per row count: the guard of the largest row implies the others
     whole = [w for i, w in enumerate(whole)
              if not any(j != i and v.b.same_as(w.b) and analyzer.can_prove(w.a <= v.a)
@@ -255,7 +263,7 @@ def _full_chunk(loop, row_counts, threads=()):
     cond = whole[0]
     for w in whole[1:]:
         cond = tirx.And(cond, w)
-    return tirx.IfThenElse(analyzer.simplify(cond), fast, plain)
+    return tirx.IfThenElse(analyzer.simplify(cond), _unit_free(fast), _unit_free(plain))
 
 
 def _free_vars(func) -> list:

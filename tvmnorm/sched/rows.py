@@ -48,8 +48,9 @@ class CudaRowConfig:
     min_blocks: int = 1       # blocks one SM must hold at once (__launch_bounds__'s second
                               # argument, _tvm.MIN_BLOCKS_PER_SM): ptxas then caps a thread's
                               # registers at 64K / (threads * rows * min_blocks)
-    full_chunks: int = 0      # fused dx only: 1 walks a chunk whose rows are all below the row
-                              # count without a row guard (_tvm.FULL_CHUNK), the last one with them
+    full_chunks: int = 0      # 1: the dx kernel walks a chunk whose rows are all below the row
+                              # count without row guards, and the forward so computes a block
+                              # whose rows all are (_tvm.FULL_CHUNK); the last ones keep them
     warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
                               # sums then added by every thread from shared memory: one barrier
                               # a reduction instead of two (_warp_sums); threads in whole warps
@@ -245,6 +246,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
         blocks = _gather_under(sch, anchor, ty)
         depth = 2
+        if not isinstance(cfg.full_chunks, int) or cfg.full_chunks:
+            sch.annotate(ty, FULL_CHUNK, cfg.full_chunks)
     elif cfg.warp_sums:
         raise ValueError("warp_sums is a forward schedule; the dx kernel keeps one allreduce per row")
     else:

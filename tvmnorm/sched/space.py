@@ -119,12 +119,13 @@ def cuda_space(key: NormKey, fused=None, kept=None):
                                 full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
             threads, vec, keep_y, warp_sums = kept
+            # (one row a block under warp_sums: no row guard to drop)
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
-                                warp_sums=warp_sums)
+                                warp_sums=warp_sums, full_chunks=0 if warp_sums else _categorical(sch, FULL_CHUNKS))
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
-                                unroll=_categorical(sch, UNROLL))
+                                unroll=_categorical(sch, UNROLL), full_chunks=_categorical(sch, FULL_CHUNKS))
         schedule_rows_cuda(None, cfg, sch=sch)
         return sch
     return space
@@ -157,11 +158,13 @@ def min_blocks_choices(threads: int) -> list:
     return [b for b in MIN_BLOCKS if b * threads <= 2048]
 
 
-# Whether the fused dx kernel walks a chunk whose rows are all in bounds without row guards
-# (CudaRowConfig.full_chunks, _tvm.FULL_CHUNK): ptxas counted a third fewer instructions for
-# layernorm 8192's dx (1248 -> 864 at 512 threads x 4, 2 rows a group), as nvcc then converts
-# and combines each element once for every stage; the copy of the walk it adds takes registers
-# (spills went 64 -> 72 bytes there), so the search decides.
+# Whether the fused dx kernel walks a chunk whose rows are all in bounds without row guards, and
+# the forward so computes a block of several rows (CudaRowConfig.full_chunks, _tvm.FULL_CHUNK):
+# ptxas counted a third fewer instructions for layernorm 8192's dx (1248 -> 864 at 512 threads x
+# 4, 2 rows a group) and a fifth to a quarter fewer for the hidden-128 forward records (rmsnorm
+# 320 -> 264, layernorm 528 -> 392), as nvcc then converts and combines each element once for
+# every stage; the copy it adds takes registers (the dx's spills went 64 -> 72 bytes), so the
+# search decides.
 FULL_CHUNKS = (0, 1)
 
 
@@ -309,21 +312,26 @@ def space_size(key: NormKey, kind: str) -> int:
         for values in llvm_choices(key).values():
             n *= len(values)
         return n
+    return _cuda_space_size(key, len(FULL_CHUNKS), min_blocks=True)
+
+
+def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
+    """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks factor or not."""
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_rows(t)) * len(min_blocks_choices(t)) * len(FULL_CHUNKS)
+        return sum(len(fused_rows(t)) * (len(min_blocks_choices(t)) if min_blocks else 1) * full
                    for t, *_ in fused_cuda_variants(key))
-    sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL)
-    return sampled + sum(len(kept_rows(kept)) for kept in fwd_kept_variants(key))
+    sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
+    return sampled + sum(len(kept_rows(kept)) * (1 if kept[3] else full) for kept in fwd_kept_variants(key))
 
 
 def population_points(key: NormKey, kind: str) -> int:
-    """The points a search round draws for ``key`` (tune._search): the space's size, but for the
-    fused backward without the min_blocks and full_chunks factors, which multiply it by up to 8
-    (23 -> 176 points at layernorm 8192, the smallest bwd space, which sets a batch's
-    population). Drawing costs ~35 ms a point and task on the H200 host, and a round of a
-    backward task measures 8."""
-    if kind == "cuda" and key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_rows(t)) for t, *_ in fused_cuda_variants(key))
+    """The points a search round draws for ``key`` (tune._search): the space's size, but on CUDA
+    without the full_chunks factor, and for the fused backward without the min_blocks one, which
+    together multiply it by up to 8 (23 -> 176 points at layernorm 8192, the smallest bwd space,
+    which sets a batch's population). Drawing costs ~35 ms a point and task on the H200 host, and
+    a round of a backward task measures 8."""
+    if kind == "cuda":
+        return _cuda_space_size(key, 1, min_blocks=False)
     return space_size(key, kind)
 
 
