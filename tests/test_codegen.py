@@ -540,3 +540,61 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
         assert "int64_t" not in body(f"{key.name}_small_fwd")
     else:
         assert f"{key.name}_small_fwd" not in src
+
+
+def _versioned(func):
+    from tvmnorm._tvm import IRModule, _full_chunks
+    out = _full_chunks(IRModule({"main": func}))["main"]
+    return out.script()
+
+
+def test_full_chunk_versions_a_walk_whose_guards_grow_with_its_loops():
+    """_tvm.FULL_CHUNK on a hand-written walk: the unguarded copy under the test of the largest
+    row any guard admits, every row guard dropped there (also as one term of an and, whose other
+    terms stay), the guarded loop in the else branch; a guard whose row shrinks as a loop grows
+    leaves the walk as it is (its largest row is not at the loops' ends), and so does a row
+    index that is not an affine sum of the loops (here a cast of an int32 loop)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def grows(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n,), "float32")
+        B = T.match_buffer(b, (n,), "float32")
+        for q in range((n + 7) // 8):
+            for t in T.serial(T.int64(4), annotations={"tvmnorm.full_chunk": 1}):
+                for u in range(T.int64(2)):
+                    if q * 8 + t * 2 + u < n:
+                        B[q * 8 + t * 2 + u] = A[q * 8 + t * 2 + u] * T.float32(2)
+                    if q * 8 + t * 2 + u < n and u < 1:
+                        B[q * 8 + t * 2 + u] = B[q * 8 + t * 2 + u] + T.float32(1)
+
+    @T.prim_func(private=True)
+    def shrinks(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n,), "float32")
+        B = T.match_buffer(b, (n,), "float32")
+        for q in range((n + 7) // 8):
+            for t in T.serial(T.int64(8), annotations={"tvmnorm.full_chunk": 1}):
+                if q * 8 + 7 - t < n:
+                    B[q * 8 + 7 - t] = A[q * 8 + 7 - t]
+
+    text = _versioned(grows)
+    fast, slow = text.split("else:")
+    assert re.search(r"if q \* T\.int64\(8\) \+ T\.int64\(7\) < n:", fast), text
+    assert fast.count("< n") == 1 and "if u < T.int64(1):" in fast and "tvmnorm.full_chunk" not in text
+    assert slow.count("< n") == 2
+    text = _versioned(shrinks)
+    assert "else:" not in text and text.count("< n") == 1 and "tvmnorm.full_chunk" not in text
+
+    @T.prim_func(private=True)
+    def cast(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n,), "float32")
+        B = T.match_buffer(b, (n,), "float32")
+        for q in range((n + 7) // 8):
+            for t in T.serial(8, annotations={"tvmnorm.full_chunk": 1}):
+                if q * 8 + T.Cast("int64", t) < n:
+                    B[q * 8 + T.Cast("int64", t)] = A[q * 8 + T.Cast("int64", t)]
+    text = _versioned(cast)
+    assert "else:" not in text and text.count("< n") == 1
