@@ -257,8 +257,8 @@ def _full_chunk(loop, row_counts, threads=()):
                                                ((tirx.Select, tvm.ir.Call), unguarded_expr)])
     fast = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
                     loop.step, loop.span)
-    # the copy defines its own loop variables, lets and buffers: defined twice, a let's value from
-    # one branch was used in the other by the llvm codegen (wrong dx on the CPU)
+    # the copy defines its own loop variables, lets and buffers, so that TIR defines none twice
+    # (ConvertSSA renames a definition nested in another, not one beside it)
     fast = s_tir.renew_defs(tirx.PrimFunc([], fast)).body
     cond = whole[0]
     for w in whole[1:]:
