@@ -3,6 +3,7 @@ the H200 runs depend on, and the race that was found there staying fixed."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import re
 
 import pytest
@@ -598,3 +599,27 @@ def test_full_chunk_versions_a_walk_whose_guards_grow_with_its_loops():
                     B[q * 8 + T.Cast("int64", t)] = A[q * 8 + T.Cast("int64", t)]
     text = _versioned(cast)
     assert "else:" not in text and text.count("< n") == 1
+
+
+@pytest.mark.parametrize("key,stores", [(NormKey(hidden_size=7168), 7), (NormKey(norm="layernorm", hidden_size=128), 2),
+                                        (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096), 0)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_probe_cache_hints_stream_every_vector_load_of_x(key, stores):
+    """bench/gpu_probe.py --hints: the default forward's source with every vector load of x made
+    __ldcs (evict-first) and every vector store of a bf16 y made __stcs, the rest of the source
+    line for line as TVM wrote it (fp8 y is stored in a type __stcs does not take: left alone)."""
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
+    from gpu_probe import cache_hints
+
+    from tvmnorm.cuda_aot import unit_sources
+    from tvmnorm.sched.default import fwd_cuda_heuristic
+    funcs = scheduled_funcs(key, "cuda", row_config=fwd_cuda_heuristic(key.hidden_size, 2))
+    src = unit_sources(funcs, "sm_90", 1)[0]
+    loads = len(re.findall(r"= \*\(\w+\*\)\(x_ptr", src))
+    new = cache_hints(src, True, True)
+    assert loads > 0 and new.count("__ldcs((") == loads and not re.findall(r"= \*\(\w+\*\)\(x_ptr", new)
+    assert new.count("__stcs((") == stores
+    changed = [(a, b) for a, b in zip(src.split("\n"), new.split("\n")) if a != b]
+    assert len(src.split("\n")) == len(new.split("\n")) and len(changed) == loads + stores
+    assert cache_hints(src, False, False) == src
