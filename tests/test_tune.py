@@ -613,7 +613,8 @@ def test_search_population_follows_the_space_size():
     backward's min_blocks and full_chunks factors are left out of it (population_points): they
     would make a batch's population 176 instead of 32 and the draw ~5x longer, for rounds that
     measure 8."""
-    from tvmnorm.sched.space import FULL_CHUNKS, MIN_BLOCKS, fwd_kept_variants, population_points, space_size
+    from tvmnorm.sched.space import (FULL_CHUNKS, MIN_BLOCKS, fwd_kept_variants, kept_guarded, population_points,
+                                     space_size)
     from tvmnorm.tune import _search
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
     assert 32 < population_points(bwd, "cuda") < 256
@@ -623,9 +624,9 @@ def test_search_population_follows_the_space_size():
     ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192)
     assert _search(population_points(ln8192, "cuda")).population_size == 32
     fwd = NormKey(hidden_size=4096)  # the forward's full_chunks factor is left out too
-    # (a warp_sums variant, one row a block, has no row guard and samples no full_chunks)
+    # (a variant of one row a block, e.g. warp_sums, has no row guard and samples no full_chunks)
     assert 2 * population_points(fwd, "cuda") - space_size(fwd, "cuda") == sum(
-        warp_sums for *_, warp_sums in fwd_kept_variants(fwd)) > 0
+        not kept_guarded(kept) for kept in fwd_kept_variants(fwd)) > 0
     for key, kind, size in [(fwd, "cuda", 256), (NormKey(hidden_size=1000), "llvm", 32)]:
         assert _search(population_points(key, kind)).population_size == size
     assert population_points(NormKey(hidden_size=1000), "llvm") == space_size(NormKey(hidden_size=1000), "llvm")

@@ -119,9 +119,9 @@ def cuda_space(key: NormKey, fused=None, kept=None):
                                 full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
             threads, vec, keep_y, warp_sums = kept
-            # (one row a block under warp_sums: no row guard to drop)
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
-                                warp_sums=warp_sums, full_chunks=0 if warp_sums else _categorical(sch, FULL_CHUNKS))
+                                warp_sums=warp_sums,
+                                full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
@@ -264,6 +264,12 @@ def kept_rows(kept) -> list:
     return [1] if kept[3] else fused_rows(kept[0])
 
 
+def kept_guarded(kept) -> bool:
+    """Whether a kept-row variant can have row guards (several rows a block) for full_chunks to
+    drop: with one row a block it would measure the same kernel twice."""
+    return max(kept_rows(kept)) > 1
+
+
 def llvm_choices(key: NormKey) -> dict:
     """Knob values for the llvm space. Every combination must divide the row: reduction lanes
     (vec * acc) because a reduction's predicated tail does not survive reverse_compute_at, and
@@ -321,7 +327,7 @@ def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
         return sum(len(fused_rows(t)) * (len(min_blocks_choices(t)) if min_blocks else 1) * full
                    for t, *_ in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
-    return sampled + sum(len(kept_rows(kept)) * (1 if kept[3] else full) for kept in fwd_kept_variants(key))
+    return sampled + sum(len(kept_rows(kept)) * (full if kept_guarded(kept) else 1) for kept in fwd_kept_variants(key))
 
 
 def population_points(key: NormKey, kind: str) -> int:
