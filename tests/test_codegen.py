@@ -351,6 +351,13 @@ def test_warp_sums_apply_where_they_can():
                         row_config=CudaRowConfig(threads=64, vec=8, warp_sums=True))
 
 
+def test_full_chunks_is_a_switch():
+    from tvmnorm.sched.rows import CpuRowConfig, CudaRowConfig
+    for cls in (CudaRowConfig, CpuRowConfig):
+        with pytest.raises(ValueError, match="full_chunks must be 0 or 1, got 2"):
+            cls(full_chunks=2)
+
+
 def test_min_blocks_must_be_a_count_of_blocks():
     from tvmnorm.sched.rows import CudaRowConfig
     with pytest.raises(ValueError, match="min_blocks must be 1..32"):

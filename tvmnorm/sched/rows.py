@@ -61,6 +61,8 @@ class CudaRowConfig:
             raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
         if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
+        if isinstance(self.full_chunks, int) and self.full_chunks not in (0, 1):
+            raise ValueError(f"full_chunks must be 0 or 1, got {self.full_chunks}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
         if self.warp_sums and isinstance(self.threads, int) and isinstance(self.rows, int):
@@ -77,6 +79,10 @@ class CpuRowConfig:
     unroll: int = 1           # vectors per step of the elementwise output loop (unrolled)
     full_chunks: int = 0      # fused dx only: 1 walks a chunk whose rows are all below the row
                               # count without a row guard (_tvm.FULL_CHUNK), the last one with them
+
+    def __post_init__(self):
+        if isinstance(self.full_chunks, int) and self.full_chunks not in (0, 1):
+            raise ValueError(f"full_chunks must be 0 or 1, got {self.full_chunks}")
 
 
 def is_output(sch, blk) -> bool:
