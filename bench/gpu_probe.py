@@ -16,9 +16,8 @@ config with keep_y as it sets it and flipped, the kept variants, and the library
 alone, which with the library's whole call shows what the amax kernels cost. ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
 candidates get from NarrowDataType). ``--hints`` adds the default rule's point and the kept
-points of 16-byte vectors with x loaded streaming (``+ldcs``: evict-first, as torch.compile
-loads it) and y also stored so (``+ldcs+stcs``), built from the edited source (cache_hints).
-Writes probe.json.
+points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
+torch.compile loads it) and y also stored so (``+stream2``). Writes probe.json.
 """
 from __future__ import annotations
 
@@ -26,8 +25,6 @@ import argparse
 import dataclasses
 import json
 import pathlib
-import re
-import tempfile
 import time
 
 import torch
@@ -67,48 +64,6 @@ def points(key: NormKey, variants: bool = True) -> dict:
     out.update({f"{name}+fc": dataclasses.replace(cfg, full_chunks=1) for name, cfg in list(out.items())
                 if cfg.rows > 1})
     return out
-
-
-# The CUDA word types of TVM's vector types, by size: what __ldcs and __stcs take.
-_WORDS = {"uint4": "uint4", "float4": "float4", "nv_bfloat164": "uint2", "half4": "uint2", "uint2": "uint2",
-          "float2": "float2", "nv_bfloat162": "unsigned int", "half2": "unsigned int"}
-
-
-def cache_hints(src: str, loads: bool, stores: bool) -> str:
-    """The generated CUDA with x's vector loads made streaming (``__ldcs``: ld.global.cs, L2
-    evict-first) and y's vector stores likewise (``__stcs``), as torch.compile's kernels load x
-    evict-first (LDG.E.EF.128, where ours go through the read-only path): the one difference the
-    SASS of the two rmsnorm forwards shows at 7168 and 8192 (tuning_logs/cuda-sm_90/README.md).
-    A probe of the generated code, not a schedule: TVM's schedules cannot ask for it."""
-    def load(m):
-        word = _WORDS[m[2]]
-        return f"{m[1]}*({word}*)({m[3]}) = __ldcs(({word}*)(x_ptr + {m[4]}));"
-
-    def store(m):
-        word = _WORDS[m[2]]
-        return f"{m[1]}__stcs(({word}*)(y_ptr + {m[3]}), *({word}*)({m[5]}));"
-    typ = "|".join(_WORDS)
-    if loads:
-        src = re.sub(rf"^(\s*)\*\(({typ})\*\)\((\w+_local_ptr\w*(?: \+ [^=]*?)?)\) = \*\(\2\*\)\(x_ptr \+ (.+)\);$",
-                     load, src, flags=re.M)
-    if stores:
-        src = re.sub(rf"^(\s*)\*\(({typ})\*\)\(y_ptr \+ (.+)\) = \*\((\2)\*\)\((\w+_local_ptr\w*(?: \+ [^;]*?)?)\);$",
-                     store, src, flags=re.M)
-    return src
-
-
-def hinted_fwd(key: NormKey, cfg, loads: bool, stores: bool):
-    """The fwd kernel of point ``cfg`` built from its cache_hints-edited source by nvcc."""
-    from tvmnorm._tvm import cuda_device_arch, load_module
-    from tvmnorm.build import chunk_rows_of, scheduled_funcs
-    from tvmnorm.cuda_aot import build_cuda_library
-    from tvmnorm.runtime import _kernel_from_module
-    funcs = scheduled_funcs(key, "cuda", row_config=cfg)
-    work = pathlib.Path(tempfile.mkdtemp(prefix="tvmnorm-hints-"))
-    build_cuda_library(funcs, cuda_device_arch() or "sm_90", work / "k.so", work, jobs=1,
-                       rewrite=lambda src: cache_hints(src, loads, stores))
-    return _kernel_from_module(key, "cuda", load_module(str(work / "k.so")), False, "variant",
-                               chunk_rows_of(funcs))._f["fwd"]
 
 
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
@@ -157,19 +112,16 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     todo = [(name, cfg, 64) for name, cfg in points(key, variants).items()]
     if int32:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
         todo.insert(1, ("default-int32", todo[0][1], 32))
-    if hints:  # with streaming loads of x (and stores of y: cache_hints), the default rule's point
+    if hints:  # x loaded evict-first (stream 1) and y also stored so (2): the default rule's point
         # and the kept-row points of 16-byte vectors (torch.compile's loads)
         hinted = [(name, cfg) for name, cfg, _ in todo if name == "default" or
                   name.endswith("+keep") and cfg.vec * DTYPE_BYTES[key.itype] == 16]
-        todo[1:1] = [(f"{name}+{mode}", cfg, flags) for name, cfg in hinted
-                     for mode, flags in (("ldcs", (True, False)), ("ldcs+stcs", (True, True)))]
+        todo[1:1] = [(f"{name}+stream{mode}", dataclasses.replace(cfg, stream=mode), 64) for name, cfg in hinted
+                     for mode in (1, 2)]
     for name, cfg, bits in todo:
         if time.time() > deadline:
             break
-        if isinstance(bits, tuple):
-            f = hinted_fwd(key, cfg, *bits)
-        else:
-            f = variant_kernel(key, "cuda", cfg, row_bits=bits)._f["fwd"]
+        f = variant_kernel(key, "cuda", cfg, row_bits=bits)._f["fwd"]
         if key.fp8_out:
             r["points"][name] = run(lambda: f(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
         else:
@@ -191,7 +143,7 @@ def main():
     ap.add_argument("--int32", action="store_true",
                     help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--hints", action="store_true",
-                    help="also the default rule's kernel with streaming loads of x and stores of y (cache_hints)")
+                    help="also points with x loaded evict-first and y stored so (CudaRowConfig.stream)")
     ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
     deadline = time.time() + args.seconds

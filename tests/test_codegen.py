@@ -3,7 +3,6 @@ the H200 runs depend on, and the race that was found there staying fixed."""
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import re
 
 import pytest
@@ -608,25 +607,25 @@ def test_full_chunk_versions_a_walk_whose_guards_grow_with_its_loops():
     assert "else:" not in text and text.count("< n") == 1
 
 
-@pytest.mark.parametrize("key,stores", [(NormKey(hidden_size=7168), 7), (NormKey(norm="layernorm", hidden_size=128), 2),
-                                        (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096), 0)],
-                         ids=lambda v: getattr(v, "name", str(v)))
-def test_probe_cache_hints_stream_every_vector_load_of_x(key, stores):
-    """bench/gpu_probe.py --hints: the default forward's source with every vector load of x made
-    __ldcs (evict-first) and every vector store of a bf16 y made __stcs, the rest of the source
-    line for line as TVM wrote it (fp8 y is stored in a type __stcs does not take: left alone)."""
-    import sys
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
-    from gpu_probe import cache_hints
-
-    from tvmnorm.cuda_aot import unit_sources
-    from tvmnorm.sched.default import fwd_cuda_heuristic
-    funcs = scheduled_funcs(key, "cuda", row_config=fwd_cuda_heuristic(key.hidden_size, 2))
-    src = unit_sources(funcs, "sm_90", 1)[0]
-    loads = len(re.findall(r"= \*\(\w+\*\)\(x_ptr", src))
-    new = cache_hints(src, True, True)
-    assert loads > 0 and new.count("__ldcs((") == loads and not re.findall(r"= \*\(\w+\*\)\(x_ptr", new)
-    assert new.count("__stcs((") == stores
-    changed = [(a, b) for a, b in zip(src.split("\n"), new.split("\n")) if a != b]
-    assert len(src.split("\n")) == len(new.split("\n")) and len(changed) == loads + stores
-    assert cache_hints(src, False, False) == src
+@pytest.mark.parametrize("key,cfg,part,loads,stores", [
+    (NormKey(hidden_size=7168), dict(threads=512, vec=4, keep_row=True), "fwd", 4, 4),
+    (NormKey(norm="layernorm", hidden_size=128), dict(threads=16, rows=8, vec=8, keep_row=True, full_chunks=1), "fwd", 2, 2),
+    (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096), dict(threads=512, vec=8, keep_row=True), "fwd", 1, 1),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=8192), dict(threads=512, vec=4, prefetch=2, full_chunks=1), "dx", 32, 16),
+    (NormKey(stage="bwd_add", hidden_size=1024), dict(threads=128, vec=8, prefetch=1, stages=2), "dx", 12, 4)],
+    ids=lambda v: getattr(v, "name", None) or str(v))
+def test_stream_loads_rows_evict_first_and_leaves_the_weights(key, cfg, part, loads, stores):
+    """stream (_tvm.STREAM_LOADS): every 8- or 16-byte load of a row (x; the dx's dy and x, and
+    bwd_add's dz) becomes ld.global.cs, and with 2 every such store of a row too (st.global.cs);
+    the weights keep plain vector loads (every row reads them), and 0 leaves the code as it was."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    base = CudaRowConfig(**cfg)
+    plain = kernel(cuda_source(key, row_config=base), part)
+    assert "ptx_" not in plain
+    for mode, want_st in ((1, 0), (2, stores)):
+        src = cuda_source(key, row_config=dataclasses.replace(base, stream=mode))
+        body = kernel(src, part)
+        assert body.count("tvm_builtin_ptx_ld_vec_global_cs") == loads and body.count("tvm_builtin_ptx_st_vec_global_cs") == want_st
+        assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without the hint"
+        assert len(re.findall(r"\(gamma_ptr", body)) == len(re.findall(r"\(gamma_ptr", plain)) > 0
+        assert "ld.global.cs.v" in src

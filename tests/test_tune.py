@@ -613,19 +613,19 @@ def test_search_population_follows_the_space_size():
     backward's min_blocks and full_chunks factors are left out of it (population_points): they
     would make a batch's population 176 instead of 32 and the draw ~5x longer, for rounds that
     measure 8."""
-    from tvmnorm.sched.space import (FULL_CHUNKS, MIN_BLOCKS, fwd_kept_variants, kept_guarded, population_points,
-                                     space_size)
+    from tvmnorm.sched.space import (FULL_CHUNKS, MIN_BLOCKS, STREAM, fwd_kept_variants, kept_guarded,
+                                     population_points, space_size)
     from tvmnorm.tune import _search
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
     assert 32 < population_points(bwd, "cuda") < 256
-    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (len(MIN_BLOCKS) * len(FULL_CHUNKS)
+    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(STREAM)
                                                                       * population_points(bwd, "cuda"))
     assert _search(population_points(bwd, "cuda")).population_size == population_points(bwd, "cuda")
     ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192)
     assert _search(population_points(ln8192, "cuda")).population_size == 32
     fwd = NormKey(hidden_size=4096)  # the forward's full_chunks factor is left out too
     # (a variant of one row a block, e.g. warp_sums, has no row guard and samples no full_chunks)
-    assert 2 * population_points(fwd, "cuda") - space_size(fwd, "cuda") == sum(
+    assert 2 * population_points(fwd, "cuda") - space_size(fwd, "cuda") // len(STREAM) == sum(
         not kept_guarded(kept) for kept in fwd_kept_variants(fwd)) > 0
     for key, kind, size in [(fwd, "cuda", 256), (NormKey(hidden_size=1000), "llvm", 32)]:
         assert _search(population_points(key, kind)).population_size == size
@@ -654,12 +654,13 @@ def test_fused_space_samples_only_valid_block_sizes():
     """Each fused variant samples only the chunk lanes per block that keep a block within 1024
     threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168
     held 20 invalid points, which MetaSchedule kept sampling to find the 15 valid ones)."""
-    from tvmnorm.sched.space import FULL_CHUNKS, ROWS, fused_cuda_variants, fused_rows, min_blocks_choices, space_size
+    from tvmnorm.sched.space import (FULL_CHUNKS, ROWS, STREAM, fused_cuda_variants, fused_rows, min_blocks_choices,
+                                     space_size)
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
     variants = fused_cuda_variants(bwd)
     assert all(v[0] * r <= 1024 for v in variants for r in fused_rows(v[0]))
     assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) * len(min_blocks_choices(t)) * len(FULL_CHUNKS)
-                                          for t, *_ in variants)
+                                          * len(STREAM) for t, *_ in variants)
     assert sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
     assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
     # an SM holds 2048 threads: a lane of 1024 threads may ask for 2 blocks, of 448 for 4

@@ -195,11 +195,106 @@ def _row_guards_of(stmt, row_counts) -> list:
 
 
 def _unit_free(loop):
-    """``loop``'s body where it runs once (the unit loop that carries the annotation of a
-    thread-bound loop once TVM lifts the binding): annotated, TVM would have kept it."""
-    if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1:
+    """``loop``'s body where it runs once and carries no other annotation (the unit loop that
+    holds the annotations of a thread-bound loop once TVM lifts the binding): annotated, TVM
+    would have kept it."""
+    if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1 and not loop.annotations:
         return _substitute(loop.body, loop.loop_var, loop.min)
     return loop
+
+
+def _without(loop, key, body=None):
+    """``loop`` (with ``body``) less the annotation ``key``."""
+    annotations = {a: v for a, v in loop.annotations.items() if a != key}
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body if body is None else body,
+                    loop.thread_binding, annotations, loop.step, loop.span)
+
+
+# A kernel with a loop annotated STREAM_LOADS = 1 (the schedule marks the loop over a block's
+# rows) loads its rows (the 2-D operands: x, and the backward's dy and dz) with ld.global.cs,
+# which the L2 evicts first, and with 2 also stores its rows so (st.global.cs): every row is read and written once, and torch.compile's forward loads x
+# evict-first (LDG.E.EF.128) where ours went through the read-only path (LDG.E.128.CONSTANT),
+# the one difference of the two kernels' SASS at rmsnorm 7168/8192. The weights keep the
+# default policy: every row reads them again. TVM's schedules have no cache policy; its PTX
+# builder (T.ptx) writes the instruction, on the 8- and 16-byte register vectors of the row.
+STREAM_LOADS = "tvmnorm.stream_loads"
+
+
+def _ptx_words(buf, first, count: int, elem_bytes: int):
+    """A uint32 view of local ``buf`` and ``count`` of its words from element ``first``."""
+    from tvm import sym
+    words = tirx.decl_buffer((buf.shape[0] * elem_bytes // 4,), "uint32", name=f"{buf.name}_u32", data=buf.data,
+                             scope=buf.scope())
+    base = sym.Analyzer().simplify(first * elem_bytes // 4)
+    return words, [tirx.BufferLoad(words, [base + i]) for i in range(count)]
+
+
+_LOAD = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds
+
+
+def _unit_ramp(indices):
+    """The one stride-1 Ramp of a vector access's indices, or None."""
+    if len(indices) == 1 and isinstance(indices[0], tirx.Ramp) and isinstance(indices[0].stride, tirx.IntImm) \
+            and indices[0].stride.value == 1:
+        return indices[0]
+    return None
+
+
+def _stream_store(store, row_buffers, stores: bool):
+    """``store`` as a streaming PTX load (a row's 8 or 16 bytes from global memory into
+    registers) or, with ``stores``, a streaming PTX store (the other way), or ``store`` itself
+    where it is neither."""
+    from tvm.backend.cuda.ptx.engine import PTXNamespace
+    value = store.value
+    if not isinstance(value, _LOAD) or getattr(store, "predicate", None) is not None \
+            or getattr(value, "predicate", None) is not None:
+        return store
+    load = value.source.scope() == "global"
+    glob, local = (value.source, store.buffer) if load else (store.buffer, value.source)
+    g_idx, l_idx = (_unit_ramp(value.indices), _unit_ramp(store.indices))[::1 if load else -1]
+    if g_idx is None or l_idx is None or (not load and not stores) or glob.scope() != "global" \
+            or local.scope() != "local" or not any(glob.same_as(b) for b in row_buffers):
+        return store
+    elem = tvm.DataType(str(glob.dtype)).bits // 8
+    size = int(g_idx.lanes) * elem
+    if size not in (8, 16):
+        return store
+    view, words = _ptx_words(local, l_idx.base, size // 4, elem)
+    addr = tirx.address_of(tirx.BufferLoad(glob, [g_idx.base]))
+    ptx = PTXNamespace()
+    call = (ptx[f"ld.global.cs.v{size // 4}.u32"](*words, addr) if load
+            else ptx[f"st.global.cs.v{size // 4}.u32"](addr, *words))
+    return tirx.SeqStmt([tirx.DeclBuffer(view, data=local.data), tirx.Evaluate(call)])
+
+
+def _uses(expr, variables) -> bool:
+    found = []
+    _walk(expr, tirx.Var, lambda v: found.append(v) if any(v.same_as(u) for u in variables) else None)
+    return bool(found)
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StreamLoads")
+def _stream_loads(func, _mod, _ctx):
+    """The kernel's row loads (and stores) streaming as the largest STREAM_LOADS of its loops
+    says: all of them, a software pipeline's prologue and epilogue too, which lie outside the
+    annotated walk."""
+    marked = []
+    _walk(func.body, tirx.For, lambda loop: marked.append(loop) if STREAM_LOADS in loop.annotations else None)
+    if not marked:
+        return func
+    mode = max(int(loop.annotations[STREAM_LOADS]) for loop in marked)
+    body = tvm_ffi.structural_map(func.body, [(tirx.For, lambda loop: _unit_free(_without(loop, STREAM_LOADS))
+                                               if STREAM_LOADS in loop.annotations else loop)])
+    if not mode:
+        return func.with_body(body)
+    free = _free_vars(func)
+    accessed = []
+    _walk(body, (_LOAD, tirx.BufferStore),
+          lambda node: accessed.append(node.buffer if isinstance(node, tirx.BufferStore) else node.source))
+    # a row operand's extent depends on the row count; a weight's does not
+    rows = [b for b in accessed if b.scope() == "global" and any(_uses(d, free) for d in b.shape)]
+    return func.with_body(tvm_ffi.structural_map(body, [(tirx.BufferStore,
+                                                         lambda st: _stream_store(st, rows, mode > 1))]))
 
 
 def _full_chunk(loop, row_counts, threads=()):
@@ -209,9 +304,7 @@ def _full_chunk(loop, row_counts, threads=()):
     that every thread of a block takes the same version (the walk's row sums hold barriers, which
     all of a block's threads must reach in the same code)."""
     from tvm import sym
-    annotations = {a: v for a, v in loop.annotations.items() if a != FULL_CHUNK}
-    plain = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding, annotations,
-                     loop.step, loop.span)
+    plain = _without(loop, FULL_CHUNK)
     loops = [loop]
     _walk(loop.body, tirx.For, loops.append)
     # (a Var's == builds an expression: no dict keyed by them)
@@ -255,8 +348,7 @@ def _full_chunk(loop, row_counts, threads=()):
         return node.args[1] if rest is None else tirx.if_then_else(rest, node.args[1], node.args[2])
     body = tvm_ffi.structural_map(plain.body, [(tirx.IfThenElse, unguarded_if),
                                                ((tirx.Select, tvm.ir.Call), unguarded_expr)])
-    fast = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
-                    loop.step, loop.span)
+    fast = _without(loop, FULL_CHUNK, body)
     # the copy defines its own loop variables, lets and buffers, so that TIR defines none twice
     # (ConvertSSA renames a definition nested in another, not one beside it)
     fast = s_tir.renew_defs(tirx.PrimFunc([], fast)).body
@@ -303,9 +395,9 @@ def _full_chunks(func, _mod, _ctx):
 
 
 def _install_unroll_by():
-    """Run _full_chunks and _unroll_annotated first wherever the default TIR pipeline runs
-    UnrollLoop (it looks the pass up on tirx.transform at each build). They change only loops
-    that carry FULL_CHUNK or UNROLL_BY."""
+    """Run _stream_loads, _full_chunks and _unroll_annotated first wherever the default TIR
+    pipeline runs UnrollLoop (it looks the pass up on tirx.transform at each build). They change
+    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return
@@ -313,8 +405,8 @@ def _install_unroll_by():
     def unroll_loop():
         # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
         # copy its own
-        return tvm.transform.Sequential([_full_chunks, _unroll_annotated, tirx.transform.ConvertSSA(), original()],
-                                        name="tvmnorm.UnrollLoop")
+        return tvm.transform.Sequential([_stream_loads, _full_chunks, _unroll_annotated, tirx.transform.ConvertSSA(),
+                                         original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True
     tirx.transform.UnrollLoop = unroll_loop
 

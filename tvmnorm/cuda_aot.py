@@ -58,11 +58,10 @@ def unit_sources(funcs: dict, arch: str, units: int) -> list:
     return sources
 
 
-def build_cuda_library(funcs: dict, arch: str, so_path, workdir, jobs: int | None = None, rewrite=None) -> None:
+def build_cuda_library(funcs: dict, arch: str, so_path, workdir, jobs: int | None = None) -> None:
     """Compile ``funcs`` into the shared library ``so_path`` with nvcc, in up to ``jobs``
     translation units at once (default: the usable cores); ``workdir`` takes the sources and
-    objects. ``rewrite`` (source -> source) edits each unit before nvcc: the probes use it to
-    time a change of the generated code before a schedule can make it."""
+    objects."""
     import tvm_ffi.libinfo as ffi_info
     workdir = pathlib.Path(workdir)
     inc, libdir = ffi_info.find_include_path(), os.path.dirname(ffi_info.find_libtvm_ffi())
@@ -72,7 +71,7 @@ def build_cuda_library(funcs: dict, arch: str, so_path, workdir, jobs: int | Non
              "-I", inc, "-I", os.path.join(inc, "dlpack")]
     link = ["-L", libdir, "-ltvm_ffi", "-cudart", "static"]
     jobs = max(1, jobs or usable_cores())
-    sources = [rewrite(src) if rewrite else src for src in unit_sources(funcs, arch, jobs)]
+    sources = unit_sources(funcs, arch, jobs)
     cus = [workdir / f"tvmnorm_kernels_{i}.cu" for i in range(len(sources))]
     for cu, src in zip(cus, sources):
         cu.write_text(src)

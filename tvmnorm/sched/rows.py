@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import FULL_CHUNK, MIN_BLOCKS_PER_SM, UNROLL_BY, Schedule, tirx
+from .._tvm import FULL_CHUNK, MIN_BLOCKS_PER_SM, STREAM_LOADS, UNROLL_BY, Schedule, tirx
 from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
@@ -51,6 +51,8 @@ class CudaRowConfig:
     full_chunks: int = 0      # 1: the dx kernel walks a chunk whose rows are all below the row
                               # count without row guards, and the forward so computes a block
                               # whose rows all are (_tvm.FULL_CHUNK); the last ones keep them
+    stream: int = 0           # 1: rows loaded with ld.global.cs (the L2 evicts them first), 2: rows
+                              # also stored so (_tvm.STREAM_LOADS); the weights keep the default
     warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
                               # sums then added by every thread from shared memory: one barrier
                               # a reduction instead of two (_warp_sums); threads in whole warps
@@ -63,6 +65,8 @@ class CudaRowConfig:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         if isinstance(self.full_chunks, int) and self.full_chunks not in (0, 1):
             raise ValueError(f"full_chunks must be 0 or 1, got {self.full_chunks}")
+        if isinstance(self.stream, int) and self.stream not in (0, 1, 2):
+            raise ValueError(f"stream must be 0 (no hint), 1 (loads) or 2 (loads and stores), got {self.stream}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
         if self.warp_sums and isinstance(self.threads, int) and isinstance(self.rows, int):
@@ -252,8 +256,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
         blocks = _gather_under(sch, anchor, ty)
         depth = 2
-        if not isinstance(cfg.full_chunks, int) or cfg.full_chunks:
-            sch.annotate(ty, FULL_CHUNK, cfg.full_chunks)
+        _annotate_row_loop(sch, ty, cfg)
     elif cfg.warp_sums:
         raise ValueError("warp_sums is a forward schedule; the dx kernel keeps one allreduce per row")
     else:
@@ -275,8 +278,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             bx, ty = sch.split(q, [None, cfg.rows])
             group, row = sch.split(t, [None, cfg.prefetch])
             sch.unroll(row)  # the rows' registers are indexed by it: constant indices
-            if not isinstance(cfg.full_chunks, int) or cfg.full_chunks:  # a sampled value is annotated whatever it is
-                sch.annotate(group, FULL_CHUNK, cfg.full_chunks)
+            _annotate_row_loop(sch, group, cfg)
             _row_scalars(sch, row)
         depth = 4  # (block, chunk lane, group of rows, row of the group)
     sch.bind(bx, "blockIdx.x")
@@ -326,6 +328,15 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         if cfg.stages > 1:
             _cuda_pipeline(sch, group, cfg.stages)
     return sch
+
+
+def _annotate_row_loop(sch, loop, cfg: CudaRowConfig) -> None:
+    """Mark the loop over a block's rows (the forward's rows of a block, the dx walk over a
+    chunk's groups) for the passes of _tvm: FULL_CHUNK and STREAM_LOADS (a sampled value is
+    annotated whatever it is)."""
+    for key, value in ((FULL_CHUNK, cfg.full_chunks), (STREAM_LOADS, cfg.stream)):
+        if not isinstance(value, int) or value:
+            sch.annotate(loop, key, value)
 
 
 # The fused dx kernel's operands that every stage of a row reads (the reductions, dx and the

@@ -37,7 +37,8 @@ layout depends on threads, vec and prefetch, and the next groups load while one 
 (``stages`` > 1, a software pipeline): there each (threads, vec, prefetch, stages) is its own
 design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block,
 the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) and whether whole
-chunks are walked without row guards (``full_chunks``) are sampled within it. The kept-row
+chunks are walked without row guards (``full_chunks``) are sampled within it, and in every
+CUDA space whether rows are loaded evict-first (``stream``). The kept-row
 forward variants come again with one barrier a row sum (``warp_sums``) where the row splits
 evenly over whole warps.
 """
@@ -116,16 +117,18 @@ def cuda_space(key: NormKey, fused=None, kept=None):
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, FULL_CHUNKS))
+                                full_chunks=_categorical(sch, FULL_CHUNKS), stream=_categorical(sch, STREAM))
         elif kept is not None:
             threads, vec, keep_y, warp_sums = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
                                 warp_sums=warp_sums,
-                                full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0)
+                                full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0,
+                                stream=_categorical(sch, STREAM))
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
-                                unroll=_categorical(sch, UNROLL), full_chunks=_categorical(sch, FULL_CHUNKS))
+                                unroll=_categorical(sch, UNROLL), full_chunks=_categorical(sch, FULL_CHUNKS),
+                                stream=_categorical(sch, STREAM))
         schedule_rows_cuda(None, cfg, sch=sch)
         return sch
     return space
@@ -166,6 +169,11 @@ def min_blocks_choices(threads: int) -> list:
 # every stage; the copy it adds takes registers (the dx's spills went 64 -> 72 bytes), so the
 # search decides.
 FULL_CHUNKS = (0, 1)
+# Whether the rows are loaded with ld.global.cs (CudaRowConfig.stream, _tvm.STREAM_LOADS), which
+# the L2 evicts first, as torch.compile's forward loads x (its SASS and ours at rmsnorm 7168/8192
+# differ in that alone; ours then 0.96-0.97x of its time on the H200). Stores keep the default
+# policy (torch.compile's do; stream = 2, streaming stores too, is for the probes).
+STREAM = (0, 1)
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
@@ -318,11 +326,12 @@ def space_size(key: NormKey, kind: str) -> int:
         for values in llvm_choices(key).values():
             n *= len(values)
         return n
-    return _cuda_space_size(key, len(FULL_CHUNKS), min_blocks=True)
+    return _cuda_space_size(key, len(FULL_CHUNKS), min_blocks=True) * len(STREAM)
 
 
 def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
-    """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks factor or not."""
+    """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks factor or
+    not (without the stream factor)."""
     if key.stage in ("bwd", "bwd_add"):
         return sum(len(fused_rows(t)) * (len(min_blocks_choices(t)) if min_blocks else 1) * full
                    for t, *_ in fused_cuda_variants(key))
@@ -332,10 +341,10 @@ def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
 
 def population_points(key: NormKey, kind: str) -> int:
     """The points a search round draws for ``key`` (tune._search): the space's size, but on CUDA
-    without the full_chunks factor, and for the fused backward without the min_blocks one, which
-    together multiply it by up to 8 (23 -> 176 points at layernorm 8192, the smallest bwd space,
-    which sets a batch's population). Drawing costs ~35 ms a point and task on the H200 host, and
-    a round of a backward task measures 8."""
+    without the full_chunks and stream factors, and for the fused backward without the
+    min_blocks one, which together multiply it by up to 16 (23 -> 352 points at layernorm 8192,
+    the smallest bwd space, which sets a batch's population). Drawing costs ~35 ms a point and
+    task on the H200 host, and a round of a backward task measures 8."""
     if kind == "cuda":
         return _cuda_space_size(key, 1, min_blocks=False)
     return space_size(key, kind)
