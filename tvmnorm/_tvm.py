@@ -212,11 +212,12 @@ def _without(loop, key, body=None):
 
 # A kernel with a loop annotated STREAM_LOADS = 1 (the schedule marks the loop over a block's
 # rows) loads its rows (the 2-D operands: x, and the backward's dy and dz) with ld.global.cs,
-# which the L2 evicts first, and with 2 also stores its rows so (st.global.cs): every row is read and written once, and torch.compile's forward loads x
-# evict-first (LDG.E.EF.128) where ours went through the read-only path (LDG.E.128.CONSTANT),
-# the one difference of the two kernels' SASS at rmsnorm 7168/8192. The weights keep the
-# default policy: every row reads them again. TVM's schedules have no cache policy; its PTX
-# builder (T.ptx) writes the instruction, on the 8- and 16-byte register vectors of the row.
+# which the L2 evicts first, and with 2 also stores its rows so (st.global.cs): every row is
+# read and written once, and torch.compile's forward loads x evict-first (LDG.E.EF.128) where
+# ours went through the read-only path (LDG.E.128.CONSTANT), the one difference of the two
+# kernels' SASS at rmsnorm 7168/8192. The weights keep the default policy: every row reads them
+# again. TVM's schedules have no cache policy; its PTX builder (T.ptx) writes the instruction,
+# on the 8- and 16-byte register vectors of the row.
 STREAM_LOADS = "tvmnorm.stream_loads"
 
 
