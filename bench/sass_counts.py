@@ -1,0 +1,85 @@
+"""Static SASS instruction counts of row kernels, with and without full_chunks: what nvcc makes
+of a point of the space once the row guards are gone, without a GPU.
+
+    python bench/sass_counts.py [--cuobjdump PATH] > counts.txt
+
+Each point's kernel (the int32-row copy the library serves, as a tuning candidate compiles) goes
+through nvcc -cubin for sm_90; cuobjdump -sass lists its instructions. A full_chunks kernel holds
+the walk twice (unguarded, then guarded for the last chunk), so its unguarded version is counted
+alone: the test before it is made always true and nvcc drops the other. The dx points are the
+layernorm 8192 record's shape and the default's elsewhere; the forward points are the hidden-128
+records' shapes. No triton or GPU needed (cuobjdump ships with the CUDA toolkit; the triton
+wheel carries one too).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+
+from tvmnorm import NormKey
+from tvmnorm.build import compile_funcs, narrow_prefix, scheduled_funcs
+from tvmnorm.sched.rows import CudaRowConfig
+
+POINTS = [
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=8192), CudaRowConfig(threads=512, vec=4, prefetch=2), "dx"),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=7168), CudaRowConfig(threads=512, vec=8), "dx"),
+    (NormKey(stage="bwd", hidden_size=8192), CudaRowConfig(threads=512, vec=8), "dx"),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=1024), CudaRowConfig(threads=128, vec=8, prefetch=2), "dx"),
+    (NormKey(hidden_size=128), CudaRowConfig(threads=16, rows=2, vec=8, keep_row=True), "fwd"),
+    (NormKey(norm="layernorm", hidden_size=128), CudaRowConfig(threads=16, rows=2, vec=8, keep_row=True), "fwd"),
+]
+
+
+def source(key: NormKey, cfg: CudaRowConfig, part: str) -> str:
+    funcs = scheduled_funcs(key, "cuda", row_config=cfg, row_bits=32, prefix=narrow_prefix(key), parts=[part])
+    return compile_funcs(funcs, "cuda").mod.imports[0].inspect_source()
+
+
+def unguarded_only(src: str) -> str:
+    """The kernel with the full_chunks test made true: nvcc keeps the unguarded version alone."""
+    out, n = re.subn(r"if \(([^{};]*?) < n\) \{(\n\s*(for|alignas|int|float|\*))", r"if (1) {\2", src, count=1)
+    if n != 1:
+        raise ValueError("no full_chunks test found")
+    return out
+
+
+def count(src: str, part: str, cuobjdump: str, work: pathlib.Path) -> tuple:
+    cu, cubin = work / "k.cu", work / "k.cubin"
+    cu.write_text(src)
+    ptxas = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o", str(cubin), str(cu)],
+                           capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    body = next(f for f in re.split(r"\n\s+Function : ", sass)[1:] if f.split("\n")[0].endswith(f"_{part}_kernel"))
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0]
+           for i in re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", body)]
+    regs = re.findall(rf"_{part}_kernel[\s\S]*?Used (\d+) registers", ptxas)
+    spills = re.findall(rf"_{part}_kernel[\s\S]*?(\d+) bytes spill stores", ptxas)
+    return len(ops), collections.Counter(ops), regs[0] if regs else "?", spills[0] if spills else "?"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        work = pathlib.Path(d)
+        for key, cfg, part in POINTS:
+            before = count(source(key, cfg, part), part, args.cuobjdump, work)
+            after = count(unguarded_only(source(key, dataclasses.replace(cfg, full_chunks=1), part)), part,
+                          args.cuobjdump, work)
+            shape = f"{cfg.threads}x{cfg.rows} vec {cfg.vec}" + (f" prefetch {cfg.prefetch}" if part == "dx" else "")
+            print(f"{key.name} {part} ({shape}): {before[0]} -> {after[0]} instructions "
+                  f"({100 * (before[0] - after[0]) / before[0]:.0f}% fewer); registers {before[2]} -> {after[2]}, "
+                  f"spill stores {before[3]} -> {after[3]} bytes", flush=True)
+            print("   guarded:   " + ", ".join(f"{k} {v}" for k, v in before[1].most_common(8)))
+            print("   unguarded: " + ", ".join(f"{k} {v}" for k, v in after[1].most_common(8)))
+
+
+if __name__ == "__main__":
+    main()
