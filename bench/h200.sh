@@ -26,6 +26,8 @@ IMPLS=${IMPLS:-tvmnorm_tuned,tvmnorm_default,torch_eager,torch_compile,liger}
 # decode rows compile one graph per row count (48 per forward op): DECODE_IMPLS can leave
 # torch_compile out there
 DECODE_IMPLS=${DECODE_IMPLS:-$IMPLS}
+# ROUNDS=3 times every impl of a case three times in turn (tvmnorm bench --rounds): the peers'
+# medians moved up to 2x between runs
 mkdir -p "$OUT/parts"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
   > "$OUT/nvidia-smi.csv" 2>&1 || true
@@ -43,7 +45,7 @@ run_part() {  # name ops rows: one op in its own process; a failure is reported 
   # shellcheck disable=SC2086 - an empty limit runs the part without one
   ${limit:+timeout --signal=INT $limit} python -m tvmnorm.bench --target cuda --ops "$2" \
     --dtypes "$DTYPES" --shapes "$SHAPES" --rows "$3" --impls "$impls" --out "$OUT/parts/$1" --name "$1" \
-    --no-plots > "$OUT/parts/$1.log" 2>&1
+    ${ROUNDS:+--rounds "$ROUNDS"} --no-plots > "$OUT/parts/$1.log" 2>&1
   local rc=$?
   tail -n 40 "$OUT/parts/$1.log"
   if [ "$rc" -ne 0 ]; then echo "!! part $1 exited with $rc (see $OUT/parts/$1.log)"; touch "$OUT/parts/FAILED"; fi

@@ -257,3 +257,34 @@ def test_hidden_sizes_of_the_catalog_keep_their_rows():
     assert rows == {(128, TRAIN_TOKENS): train_rows(128), (128, 8): 8 * train_rows(128) // TRAIN_TOKENS,
                     (200, TRAIN_TOKENS): TRAIN_TOKENS, (200, 8): 8}
     assert train_rows(128) > TRAIN_TOKENS
+
+
+def test_rounds_time_every_impl_in_turn(monkeypatch, tmp_path):
+    """--rounds 3: every impl of a case is set up, then timed three times in turn (impl after
+    impl, round after round); its us is the median of the rounds' medians, us_rounds lists
+    them, and an impl that fails in a later round is recorded as an error, not timed further."""
+    order = []
+    real_timer = bench.Timer.__call__
+
+    def timer(self, calls):
+        order.append(id(calls))
+        return real_timer(self, calls)
+    monkeypatch.setattr(bench.Timer, "__call__", timer)
+    rc = bench.main(FAST + ["--hidden", "200", "--ops", "rmsnorm_fwd", "--dtypes", "fp32", "--impls",
+                            "tvmnorm_default,torch_eager", "--rounds", "3", "--out", str(tmp_path), "--name", "r",
+                            "--no-plots"])
+    assert rc == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    bench.validate(result)
+    recs = result["records"]
+    assert [r["impl"] for r in recs] == ["tvmnorm_default", "torch_eager"]
+    for r in recs:
+        assert r["status"] == "ok" and len(r["us_rounds"]) == 3
+        assert r["us"] == pytest.approx(sorted(r["us_rounds"])[1], rel=1e-3)
+    # the copies (the run's ceiling, the case's size) first, then the two impls in turn, three times
+    impls = order[2:]
+    assert len(impls) == 6 and impls[0::2] == [impls[0]] * 3 and impls[1::2] == [impls[1]] * 3
+    assert impls[0] != impls[1]
+    assert "--rounds 3" in result["meta"]["repro"]
+    with pytest.raises(SystemExit, match="--rounds must be 1 or more"):
+        bench.main(FAST + ["--rounds", "0", "--out", str(tmp_path), "--name", "z"])

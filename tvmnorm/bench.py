@@ -695,6 +695,8 @@ def repro_command(args, commit, env) -> str:
     parts += ["--rows", args.rows, "--impls", args.impls, "--seed", str(args.seed),
               "--fp8-format", args.fp8_format, "--warmup-ms", str(args.warmup_ms), "--rep-ms", str(args.rep_ms),
               "--max-sets", str(args.max_sets)]
+    if getattr(args, "rounds", 1) > 1:
+        parts += ["--rounds", str(args.rounds)]
     if args.library:
         parts += ["--library", args.library]
     if not args.refcheck:
@@ -831,7 +833,11 @@ def _case_inputs(ctx, case: Case, refcheck, max_sets, gen):
 
 
 def run_case(ctx, case: Case, impls, timer, copy_gbps, refcheck, max_sets, seed, log=print,
-             lock: HostLock | None = None) -> list:
+             lock: HostLock | None = None, rounds: int = 1) -> list:
+    """One record per impl. With ``rounds`` > 1 every impl is set up first and then timed
+    ``rounds`` times in turn (impl after impl, round after round), so that a drift of the machine
+    or of a peer between calls shows in each one's ``us_rounds``; ``us`` is then the median of
+    the rounds' medians."""
     torch = _torch()
     lock = lock or HostLock()
     # the seed depends on the case (not on Python's per-process str hash), so reruns see the same data
@@ -845,8 +851,19 @@ def run_case(ctx, case: Case, impls, timer, copy_gbps, refcheck, max_sets, seed,
         return [_record(case, impl, "error", error=msg) for impl in impls]
     with lock.timing():
         at_size = copy_roofline(ctx.kind, timer, case.bytes // 2, sets=n_sets)["copy_gbps"]
-    records = []
-    for impl in impls:
+    records = {}
+
+    def failed(impl, e, t0):
+        if isinstance(e, Skip):
+            records[impl] = _record(case, impl, e.status, error=str(e))
+            return
+        tb = traceback.format_exc(limit=3)
+        records[impl] = _record(case, impl, "error", error=f"{type(e).__name__}: {e}",
+                                setup_s=round(time.perf_counter() - t0, 3))
+        log(f"  ! {case.op} {case.dtype} H={case.hidden} M={case.rows} {impl}: {type(e).__name__}: {e}\n{tb}")
+
+    def prepare(impl):
+        """(prepared calls, err, tol, setup seconds), or None with the impl's record written."""
         t0 = time.perf_counter()
         try:
             with lock.setup():
@@ -859,33 +876,60 @@ def run_case(ctx, case: Case, impls, timer, copy_gbps, refcheck, max_sets, seed,
                 if refcheck:
                     err, tol, problem = check(case, out, ref)
                 del out
-            if problem is not None:
-                records.append(_record(case, impl, "wrong", err=err, tol=tol, origin=p.origin,
-                                       n_sets=n_sets, error=problem,
-                                       setup_s=round(time.perf_counter() - t0, 3)))
-                continue
-            setup = time.perf_counter() - t0
-            with lock.timing():
-                us, p20, p80 = timer(p.calls)
-                _sync(ctx.kind)
-            gbps = case.bytes / (us * 1e-6) / 1e9
-            records.append(_record(case, impl, "ok", us=us, us_p20=p20, us_p80=p80, gbps=gbps,
-                                   copy_gbps=copy_gbps, frac=gbps / copy_gbps, copy_at_size_gbps=at_size,
-                                   frac_at_size=gbps / at_size, err=err, tol=tol,
-                                   n_sets=n_sets, origin=p.origin, setup_s=round(setup, 3)))
-        except Skip as e:
-            records.append(_record(case, impl, e.status, error=str(e)))
         except Exception as e:  # noqa: BLE001 - one failing impl must not abort the run
-            tb = traceback.format_exc(limit=3)
-            records.append(_record(case, impl, "error", error=f"{type(e).__name__}: {e}",
-                                   setup_s=round(time.perf_counter() - t0, 3)))
-            log(f"  ! {case.op} {case.dtype} H={case.hidden} M={case.rows} {impl}: {type(e).__name__}: {e}\n{tb}")
-        finally:
-            p = None
-    del sets, ref
+            failed(impl, e, t0)
+            return None
+        if problem is not None:
+            records[impl] = _record(case, impl, "wrong", err=err, tol=tol, origin=p.origin, n_sets=n_sets,
+                                    error=problem, setup_s=round(time.perf_counter() - t0, 3))
+            return None
+        return p, err, tol, time.perf_counter() - t0
+
+    def timed(impl, p):
+        """(us, p20, p80) of one timing of ``p``, or None with the impl's error record written."""
+        t0 = time.perf_counter()
+        try:
+            with lock.timing():
+                t = timer(p.calls)
+                _sync(ctx.kind)
+            return t
+        except Exception as e:  # noqa: BLE001
+            failed(impl, e, t0)
+            return None
+
+    def ok(impl, prepared, times):
+        p, err, tol, setup = prepared
+        us, p20, p80 = (statistics.median(t[k] for t in times) for k in range(3))
+        gbps = case.bytes / (us * 1e-6) / 1e9
+        extra = {"us_rounds": [round(t[0], 3) for t in times]} if rounds > 1 else {}
+        records[impl] = _record(case, impl, "ok", us=us, us_p20=p20, us_p80=p80, gbps=gbps, copy_gbps=copy_gbps,
+                                frac=gbps / copy_gbps, copy_at_size_gbps=at_size, frac_at_size=gbps / at_size,
+                                err=err, tol=tol, n_sets=n_sets, origin=p.origin, setup_s=round(setup, 3), **extra)
+
+    if rounds == 1:  # one impl at a time: only its buffers and graphs are held
+        for impl in impls:
+            prepared = prepare(impl)
+            t = prepared and timed(impl, prepared[0])
+            if t:
+                ok(impl, prepared, [t])
+            prepared = None
+    else:
+        held = {impl: prepared for impl in impls if (prepared := prepare(impl))}
+        times = {impl: [] for impl in held}
+        for _ in range(rounds):
+            for impl in list(held):
+                t = timed(impl, held[impl][0])
+                if t:
+                    times[impl].append(t)
+                else:
+                    del held[impl]
+        for impl, prepared in held.items():
+            ok(impl, prepared, times[impl])
+        held = None
+    sets = ref = None  # the inputs go before the next case's are made
     if ctx.kind == "cuda":
         torch.cuda.empty_cache()
-    return records
+    return [records[impl] for impl in impls]
 
 
 def default_impls(kind):
@@ -904,6 +948,8 @@ def run(args, log=print) -> dict:
     if bad:
         raise SystemExit(f"unknown impl(s) {bad}; choose from {list(IMPLS)}")
     cases = make_cases(args)
+    if getattr(args, "rounds", 1) < 1:
+        raise SystemExit(f"--rounds must be 1 or more, got {args.rounds}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if "torch_compile" in impls:
@@ -928,7 +974,7 @@ def run(args, log=print) -> dict:
     try:
         for i, case in enumerate(cases):
             recs = run_case(ctx, case, impls, timer, roof["copy_gbps"], args.refcheck, args.max_sets,
-                            args.seed, log=log, lock=lock)
+                            args.seed, log=log, lock=lock, rounds=getattr(args, "rounds", 1))
             records += recs
             if not args.quiet:
                 cells = "  ".join(_cell(r) for r in recs)
@@ -1205,6 +1251,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--max-sets", type=int, default=32, help="most input sets to rotate over")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every impl of a case this many times in turn (set up first, then impl after impl): "
+                        "us is the median of the rounds' medians, us_rounds lists them")
     p.add_argument("--copy-bytes", type=int, default=None,
                    help="bytes each way for the copy roofline (default 2 GiB on cuda, 512 MiB on cpu)")
     p.add_argument("--torch-threads", type=int, default=None)
