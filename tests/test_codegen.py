@@ -629,3 +629,28 @@ def test_stream_loads_rows_evict_first_and_leaves_the_weights(key, cfg, part, lo
         assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without the hint"
         assert len(re.findall(r"\(gamma_ptr", body)) == len(re.findall(r"\(gamma_ptr", plain)) > 0
         assert "ld.global.cs.v" in src
+
+
+@pytest.mark.parametrize("hidden", [1, 4095, 65536])
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm"), NormKey(stage="bwd_add", itype="fp16", wtype="fp16",
+                                                                    otype="fp16"),
+                                 NormKey(norm="layernorm", otype="fp8e4m3"),
+                                 NormKey(norm="layernorm", stage="bwd", zero_centered_gamma=True)],
+                         ids=lambda k: k.name.split("_i")[0])
+def test_full_chunks_and_stream_build_at_every_width(key, hidden):
+    """The default rule's points with full_chunks and streaming loads and stores, at widths of
+    one element, an odd one (scalar accesses: nothing to stream) and 65536, both index widths:
+    they compile (the tuner samples both knobs on every key; a sweep of 198 keys through nvcc
+    found no failure)."""
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.sched.default import fused_cuda_heuristic, fwd_cuda_heuristic
+    key = dataclasses.replace(key, hidden_size=hidden)
+    part = "fwd" if key.stage == "fwd" else "dx"
+    base = (fwd_cuda_heuristic(hidden, 2) if part == "fwd"
+            else fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], hidden, 2))
+    cfg = dataclasses.replace(base, rows=max(2, base.rows) if part == "fwd" and base.threads <= 512 else base.rows,
+                              full_chunks=1, stream=2)
+    for bits in (64, 32):
+        src = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=bits, parts=[part]), "cuda").mod.imports[0].inspect_source()
+        assert f"_{part}_kernel" in src
+        assert ("ld.global.cs" in src) == (hidden % 4 == 0 and hidden >= 4)
