@@ -903,3 +903,21 @@ def test_cuda_library_in_several_translation_units_links_and_loads(tmp_path):
     if nm:
         defined = subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
         assert defined.count("__tvm_ffi__library_ctx") == 1
+
+
+def test_default_trace_is_known_by_its_instructions():
+    """The search's default_won label and the recovery's count of measured candidates compare a
+    record with the task's default trace itself: a point of an older space that samples nothing
+    (the thirteenth lease's warp_sums records, rows a plain 1) is not the default, though the
+    fallback test (no sampled decision) would take it for it."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched.default import default_schedule
+    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+    from tvmnorm.tune import default_trace, is_default_trace
+    key = NormKey(hidden_size=4096)
+    func = tuning_func(key, "fwd", 2048, "cuda")
+    default = default_trace(func, key, "fwd", "cuda")
+    assert is_default_trace(default_schedule(func, "fwd", "cuda", 2).trace, default)
+    warp = schedule_rows_cuda(None, CudaRowConfig(threads=128, rows=1, vec=8, keep_row=True, warp_sums=True),
+                              sch=Schedule(func))
+    assert is_default_trace(warp.trace) and not is_default_trace(warp.trace, default)

@@ -260,9 +260,20 @@ def record_trace(trace):
     return json.loads(json.dumps(trace.as_json(remove_postproc=True), default=lambda o: o.value))
 
 
-def is_default_trace(trace) -> bool:
-    """A trace of the default rule (seed_candidates) samples nothing; every design-space trace does."""
+def is_default_trace(trace, default=None) -> bool:
+    """Whether ``trace`` is the default rule's (seed_candidates): equal to ``default`` (the
+    task's default trace as record_trace writes it) where given, else a trace that samples
+    nothing, as every design-space trace samples a decision (a committed record of an older
+    space may not: the thirteenth lease's warp_sums records)."""
+    if default is not None:
+        return record_trace(trace) == default
     return not any(inst.kind.name == "SampleCategorical" for inst in trace.insts)
+
+
+def default_trace(func, key: NormKey, part: str, kind: str):
+    """The default rule's trace for a tuning task, as record_trace writes it."""
+    from .sched.default import default_schedule
+    return record_trace(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]).trace)
 
 
 def seed_candidates(db, funcs, owner, kind: str, builder, runner, committed=None) -> tuple:
@@ -356,9 +367,10 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     for task, func in funcs.items():
         key, part, rows, chunk = owner[task]
         mod = IRModule({"main": func})
+        default = default_trace(func, key, part, tgt.kind.name)
         if need:  # the task's measured candidates from the space, counted once (not the default)
             top = db.get_top_k(db.commit_workload(mod), 1 << 20) if db.has_workload(mod) else []
-            n = sum(not is_default_trace(r.trace) for r in top)
+            n = sum(not is_default_trace(r.trace, default) for r in top)
             if n < need:
                 short.add(key.pack())
                 continue
@@ -379,7 +391,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
             continue  # another chunk size of this part measured faster
         r["parts"][part] = record_trace(rec.trace)
         r["run_us"][part] = us
-        defaults[key.pack(), part] = is_default_trace(rec.trace)
+        defaults[key.pack(), part] = is_default_trace(rec.trace, default)
         if chunk is not None:
             r["rows_per_partial"] = chunk
     for k, r in records.items():  # parts where no sampled candidate beat the default (seed_candidates)
