@@ -153,15 +153,17 @@ def _is_row_guard(cond, row_counts) -> bool:
     return isinstance(cond, tirx.LT) and any(cond.b.same_as(v) for v in row_counts)
 
 
+def _and(conds):
+    """The conjunction of ``conds``, or None for none."""
+    out = None
+    for c in conds:
+        out = c if out is None else tirx.And(out, c)
+    return out
+
+
 def _without_row_guards(cond, row_counts):
     """``cond`` less its row guards (``row < n``, n a row count), or None where nothing is left."""
-    rest = [c for c in _conjuncts(cond) if not _is_row_guard(c, row_counts)]
-    if not rest:
-        return None
-    out = rest[0]
-    for c in rest[1:]:
-        out = tirx.And(out, c)
-    return out
+    return _and(c for c in _conjuncts(cond) if not _is_row_guard(c, row_counts))
 
 
 def _walk(stmt, types, fn):
@@ -169,6 +171,13 @@ def _walk(stmt, types, fn):
         fn(node)
         return node
     tvm_ffi.structural_map(stmt, [(types, visit)])
+
+
+def _marked(func, key) -> list:
+    """The loops of ``func`` annotated with ``key``."""
+    loops = []
+    _walk(func.body, tirx.For, lambda loop: loops.append(loop) if key in loop.annotations else None)
+    return loops
 
 
 def _is_if_then_else(node) -> bool:
@@ -279,8 +288,7 @@ def _stream_loads(func, _mod, _ctx):
     """The kernel's row loads (and stores) streaming as the largest STREAM_LOADS of its loops
     says: all of them, a software pipeline's prologue and epilogue too, which lie outside the
     annotated walk."""
-    marked = []
-    _walk(func.body, tirx.For, lambda loop: marked.append(loop) if STREAM_LOADS in loop.annotations else None)
+    marked = _marked(func, STREAM_LOADS)
     if not marked:
         return func
     mode = max(int(loop.annotations[STREAM_LOADS]) for loop in marked)
@@ -353,10 +361,7 @@ def _full_chunk(loop, row_counts, threads=()):
     # the copy defines its own loop variables, lets and buffers, so that TIR defines none twice
     # (ConvertSSA renames a definition nested in another, not one beside it)
     fast = s_tir.renew_defs(tirx.PrimFunc([], fast)).body
-    cond = whole[0]
-    for w in whole[1:]:
-        cond = tirx.And(cond, w)
-    return tirx.IfThenElse(analyzer.simplify(cond), _unit_free(fast), _unit_free(plain))
+    return tirx.IfThenElse(analyzer.simplify(_and(whole)), _unit_free(fast), _unit_free(plain))
 
 
 def _free_vars(func) -> list:
@@ -379,9 +384,7 @@ def _free_vars(func) -> list:
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.FullChunk")
 def _full_chunks(func, _mod, _ctx):
-    marked = []
-    _walk(func.body, tirx.For, lambda loop: marked.append(loop) if FULL_CHUNK in loop.annotations else None)
-    if not marked:
+    if not _marked(func, FULL_CHUNK):
         return func
     row_counts = _free_vars(func)
     threads = []

@@ -63,8 +63,7 @@ class CudaRowConfig:
             raise ValueError(f"{self.threads} threads x {self.rows} rows exceeds 1024 threads per block")
         if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
-        if isinstance(self.full_chunks, int) and self.full_chunks not in (0, 1):
-            raise ValueError(f"full_chunks must be 0 or 1, got {self.full_chunks}")
+        _check_full_chunks(self.full_chunks)
         if isinstance(self.stream, int) and self.stream not in (0, 1, 2):
             raise ValueError(f"stream must be 0 (no hint), 1 (loads) or 2 (loads and stores), got {self.stream}")
         if self.keep_y and not self.keep_row:
@@ -85,8 +84,12 @@ class CpuRowConfig:
                               # count without a row guard (_tvm.FULL_CHUNK), the last one with them
 
     def __post_init__(self):
-        if isinstance(self.full_chunks, int) and self.full_chunks not in (0, 1):
-            raise ValueError(f"full_chunks must be 0 or 1, got {self.full_chunks}")
+        _check_full_chunks(self.full_chunks)
+
+
+def _check_full_chunks(value) -> None:
+    if isinstance(value, int) and value not in (0, 1):
+        raise ValueError(f"full_chunks must be 0 or 1, got {value}")
 
 
 def is_output(sch, blk) -> bool:
@@ -335,8 +338,14 @@ def _annotate_row_loop(sch, loop, cfg: CudaRowConfig) -> None:
     chunk's groups) for the passes of _tvm: FULL_CHUNK and STREAM_LOADS (a sampled value is
     annotated whatever it is)."""
     for key, value in ((FULL_CHUNK, cfg.full_chunks), (STREAM_LOADS, cfg.stream)):
-        if not isinstance(value, int) or value:
-            sch.annotate(loop, key, value)
+        _annotate_if_set(sch, loop, key, value)
+
+
+def _annotate_if_set(sch, loop, key: str, value) -> None:
+    """Annotate ``loop`` with ``value`` unless it is a plain 0 (a sampled value is annotated
+    whatever it is: the trace must hold the decision)."""
+    if not isinstance(value, int) or value:
+        sch.annotate(loop, key, value)
 
 
 # The fused dx kernel's operands that every stage of a row reads (the reductions, dx and the
@@ -421,12 +430,12 @@ def _warp_sums(sch, cfg: CudaRowConfig) -> dict:
     between the two; TVM's own allreduce over several warps takes two (after the warps' sums,
     and after warp 0 reduced them). Returns the rfactored block -> the name of its sum block."""
     done = {}
+    rows = cfg.rows if isinstance(cfg.rows, int) else int(sch.get(cfg.rows))  # a sampled value
     for blk in list(sch.get_child_blocks(sch.get_sblock("root"))):
         if not (is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2):
             continue
         name = sch.get(blk).name_hint
         cols = sch.get_loops(blk)[-1]
-        rows = cfg.rows if isinstance(cfg.rows, int) else int(sch.get(cfg.rows))  # a sampled value
         problem = warp_sums_problem(cfg.threads, rows, cfg.vec, int(sch.get(cols).extent))  # a static width
         if problem:
             raise ValueError(problem)
@@ -583,8 +592,7 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     else:
         part = sch.get_sblock(PART_BLOCK)  # rfactor replaced the block RVs' function
         q, t = _chunk_rows(sch, blocks, part)
-        if not isinstance(cfg.full_chunks, int) or cfg.full_chunks:
-            sch.annotate(t, FULL_CHUNK, cfg.full_chunks)
+        _annotate_if_set(sch, t, FULL_CHUNK, cfg.full_chunks)
         task, _ = sch.split(q, [None, cfg.rows])
         sch.parallel(task)
         depth = 3  # (task, chunk of the task, row of the chunk)

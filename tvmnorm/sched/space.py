@@ -44,6 +44,8 @@ evenly over whole warps.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
 from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda, warp_sums_problem
@@ -117,18 +119,17 @@ def cuda_space(key: NormKey, fused=None, kept=None):
             threads, vec, prefetch, stages = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, FULL_CHUNKS), stream=_categorical(sch, STREAM))
+                                full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
             threads, vec, keep_y, warp_sums = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
                                 warp_sums=warp_sums,
-                                full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0,
-                                stream=_categorical(sch, STREAM))
+                                full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
-                                unroll=_categorical(sch, UNROLL), full_chunks=_categorical(sch, FULL_CHUNKS),
-                                stream=_categorical(sch, STREAM))
+                                unroll=_categorical(sch, UNROLL), full_chunks=_categorical(sch, FULL_CHUNKS))
+        cfg = dataclasses.replace(cfg, stream=_categorical(sch, STREAM))  # every variant's rows
         schedule_rows_cuda(None, cfg, sch=sch)
         return sch
     return space
