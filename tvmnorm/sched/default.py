@@ -91,7 +91,15 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     512-8192, but at 128 (16 threads, 8 rows a block) 2 rows took 231.8 us, 4 251.4 us, 8 264.1.
     RMSNorm with blocks of 512 threads or more (hidden above 4096) loads 1 row: two such blocks
     share an SM only at <= 64 registers a thread, and 1 row took 263.8 and 293.3 us at hidden
-    7168 and 8192 against 305.6 and 329.3 with 4 (bench/results/h200-bwd-stages.log)."""
+    7168 and 8192 against 305.6 and 329.3 with 4 (bench/results/h200-bwd-stages.log).
+
+    LayerNorm walks its chunks without row guards where all rows are in bounds (full_chunks,
+    _tvm.FULL_CHUNK): its two sums per element made the guarded walk convert and recompute each
+    element once per stage. Measured on the H200 (bwd_parts --dx, bf16, 16384 tokens): dx 64.8 ->
+    61.5 us at 1024, 175.7 -> 141.2 at 4096, 254.6 -> 223.2 at 5120, 316.2 -> 287.0 at 7168,
+    380.3 -> 297.8 at 8192. RMSNorm's lost at 4096-8192 (131.9 -> 166.6 at 4096, 239.9 -> 296.4 at
+    8192: its one-row 512-thread blocks hold more registers unguarded) and stays guarded
+    (bench/results/h200-probes-14/)."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
@@ -101,7 +109,7 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     prefetch = next(u for u in (4, 2, 1)
                     if u <= most and t % u == 0
                     and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
-    return dataclasses.replace(cfg, prefetch=prefetch)
+    return dataclasses.replace(cfg, prefetch=prefetch, full_chunks=1 if s == 2 else 0)
 
 
 def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
