@@ -502,6 +502,28 @@ def test_a_job_tuned_from_no_records_drops_only_its_own_keys(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["records"] == hexed({**committed, b: fresh[b]})
 
 
+def test_accept_names_a_missing_benchmark(tmp_path, capsys):
+    """tune accept stops on a missing input file, by name, before it writes anything: run
+    without --previous it would let a retuned record that is slower than the committed one
+    replace it (the fourteenth lease's tree was carried without bench/results)."""
+    from tvmnorm.tune import accept_main
+    records = json.dumps({"target": {"kind": "cuda"}, "records": {}})
+    for name in ("job", "committed"):
+        (tmp_path / f"{name}.json").write_text(records)
+    (tmp_path / "bench.json").write_text(json.dumps({"records": []}))
+    args = [str(tmp_path / "job.json"), str(tmp_path / "bench.json"), str(tmp_path / "acc.json"),
+            "--accepted", str(tmp_path / "committed.json")]
+    for extra, missing in (([], None), (["--previous", str(tmp_path / "gone.json")], "--previous"),
+                           (["--accepted", str(tmp_path / "nope.json")], "--accepted")):
+        if missing is None:
+            assert accept_main(args + extra) == 0
+            continue
+        (tmp_path / "acc.json").unlink(missing_ok=True)
+        with pytest.raises(SystemExit):
+            accept_main(args + extra)
+        assert f"{missing} file" in capsys.readouterr().err and not (tmp_path / "acc.json").exists()
+
+
 def test_merge_takes_only_what_each_job_changed(tmp_path):
     """accept records what a job changed against the records it started from; merge takes
     only that, so a job's copies of records it did not touch cannot overwrite records that the

@@ -660,6 +660,13 @@ def accept_main(argv=None) -> int:
                     help="benchmarks of the --accepted records' library (a later file's measurement of a case "
                          "wins): a retuned record slower than the one it replaces keeps that one")
     args = ap.parse_args(argv)
+    # a missing benchmark must stop the accept before it judges anything: without --previous a
+    # retuned record slower than the committed one would replace it (the fourteenth lease's
+    # first accepts ran in a tree carried without bench/results and ended in a traceback)
+    for what, path in [("schedules", args.schedules), ("bench", args.bench), ("--accepted", args.accepted)] + [
+            ("--previous", path) for path in args.previous]:
+        if path is not None and not pathlib.Path(path).is_file():
+            ap.error(f"{what} file {path} does not exist")
 
     def read(path):
         data = json.loads(pathlib.Path(path).read_text())
