@@ -144,7 +144,8 @@ def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
     """LayerNorm's dx needs sum(dy*g) and sum(dy*g*xhat) per row: one tuple allreduce on CUDA, so
     a multi-warp row has as many barriers as RMSNorm's one sum (two chained ones had twice as
     many). The default loads rows in groups of `prefetch` (unrolled), so barriers are compared
-    per row."""
+    per row, and per copy of the walk (full_chunks, LayerNorm's default, writes it twice: without
+    row guards, and with them for the last chunk)."""
     from tvmnorm.compute.norms import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
 
@@ -153,8 +154,8 @@ def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
         key = NormKey(norm=norm, stage="bwd", hidden_size=4096)
         sources[norm] = kernel(cuda_source(key), "dx")
         assert "red_buf_staging" in sources[norm], "expected a multi-warp allreduce at this width"
-        prefetch = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], 4096, 2).prefetch
-        per_row[norm] = sources[norm].count("__syncthreads") / prefetch
+        cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], 4096, 2)
+        per_row[norm] = sources[norm].count("__syncthreads") / cfg.prefetch / (1 + cfg.full_chunks)
     assert per_row["layernorm"] == per_row["rmsnorm"] == 2
     ln = sources["layernorm"]
     assert "red_buf1" in ln, "the two sums do not share one allreduce"
@@ -413,7 +414,8 @@ def test_fp8_fwd_keeps_y_in_registers(norm, hidden, threads, vec):
 def test_row_kernels_load_weights_in_vectors_and_row_statistics_once(key):
     """gamma and beta are read in vectors as wide as x's (one scalar load per element and stage
     was most of dx's load instructions), and dx reads each row's mu and rsigma once for all its
-    stages, not once per element."""
+    stages, not once per element (once per copy of the walk: full_chunks, LayerNorm's default,
+    writes it twice)."""
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
     part = "fwd" if key.stage == "fwd" else "dx"
@@ -422,9 +424,9 @@ def test_row_kernels_load_weights_in_vectors_and_row_statistics_once(key):
         loads = re.findall(rf"(\*\(\w+\*\)\()?\b{w}_ptr\b", body)
         assert loads and all(loads), f"{w} is read with scalar loads"
     if part == "dx":
-        prefetch = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2).prefetch
+        cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
         for stat in ("mu", "rsigma") if key.norm == "layernorm" else ("rsigma",):
-            assert len(re.findall(rf"\b{stat}_ptr\[", body)) == prefetch, stat
+            assert len(re.findall(rf"\b{stat}_ptr\[", body)) == cfg.prefetch * (1 + cfg.full_chunks), stat
 
 
 def test_keep_y_needs_keep_row():
