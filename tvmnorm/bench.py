@@ -843,7 +843,7 @@ def run_case(ctx, case: Case, impls, timer, copy_gbps, refcheck, max_sets, seed,
     ``rounds`` times in turn (impl after impl, round after round), so that a drift of the machine
     or of a peer between calls shows in each one's ``us_rounds``; ``us`` (and its p20/p80) is
     then the fastest round's: on the H200 our kernels' rounds agreed within 0.2%, while a peer's
-    moved up to 2.3x between rounds of one run (Liger's layernorm bwd 7168: 269.2, 424.8, 269.1
+    moved up to 2.2x between rounds of one run (Liger's layernorm bwd 7168: 269.2, 424.8, 269.1
     us; torch.compile's at 3584: 196.2, 371.9, 441.0), so each impl is compared at its best."""
     torch = _torch()
     lock = lock or HostLock()
