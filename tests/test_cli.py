@@ -111,3 +111,33 @@ def test_build_refuses_fewer_than_one_job(tmp_path):
 def test_build_takes_jobs(tmp_path):
     origin, _ = build_and_list(tmp_path / "lib", "--no-tuned", "--jobs", "2")
     assert origin == "default"
+
+
+def test_device_carry_moves_results_out_of_the_tree_and_back(tmp_path):
+    """scripts/device_carry.sh trim moves the raw tuning logs and the bench results but
+    h200-tuned.json out of the carried tree, untracked files among them, and restore puts every
+    one back; a second trim before a restore is refused."""
+    import shutil
+    root = tmp_path / "tree"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(os.path.join(os.path.dirname(__file__), "..", "scripts", "device_carry.sh"), root / "scripts")
+    files = {"tuning_logs/cuda-sm_90/run-a/db.json.gz": "db", "tuning_logs/cuda-sm_90/README.md": "kept",
+             "tuning_logs/llvm-znver5/x.json": "cpu", "bench/results/h200-tuned.json": "kept",
+             "bench/results/h200-run14/new-uncommitted.json": "new", "bench/results/cpu.json": "cpu",
+             "schedules/cuda-sm_90.json": "kept"}
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+
+    def carry(what):
+        return subprocess.run(["bash", str(root / "scripts" / "device_carry.sh"), what], capture_output=True,
+                              text=True, timeout=60)
+    assert carry("trim").returncode == 0
+    present = {p for p in files if (root / p).exists()}
+    assert present == {"tuning_logs/cuda-sm_90/README.md", "bench/results/h200-tuned.json", "schedules/cuda-sm_90.json"}
+    again = carry("trim")
+    assert again.returncode == 1 and "restore" in again.stderr
+    assert carry("restore").returncode == 0
+    assert {p: (root / p).read_text() for p in files} == files
+    assert not (root / ".device" / "stash").exists()
+    assert "nothing to restore" in carry("restore").stdout
