@@ -20,10 +20,12 @@ export TVMNORM_CACHE=/tmp/tvmnorm-cache PYTHONUNBUFFERED=1
 # fail in a second, not after the tune's timeout and the check's (see h200_verify.sh)
 python -c "import tvm, tvm_ffi" || { echo "!! tvm does not import here (PYTHONPATH=${PYTHONPATH:-})" | tee "$OUT/tune.log"; exit 1; }
 # `tune accept` needs the committed records' benchmarks (PREVIOUS) at the end: a tree carried
-# without them tuned for minutes and then accepted nothing (fourteenth lease)
+# without them tuned for minutes and then accepted nothing (fourteenth lease); PREVIOUS= (empty)
+# judges against none
+PREVIOUS=${PREVIOUS-bench/results/h200-tuned.json}
 if [ -n "${BENCH:-}" ]; then
   # shellcheck disable=SC2086 - PREVIOUS is a list of files
-  for f in ${PREVIOUS-bench/results/h200-tuned.json}; do
+  for f in $PREVIOUS; do
     [ -f "$f" ] || { echo "!! PREVIOUS file $f is missing: tune accept could not run" | tee "$OUT/tune.log"; exit 1; }
   done
 fi
@@ -67,7 +69,7 @@ if [ -f "$STATE/lib/manifest.json" ]; then
       # shellcheck disable=SC2086 - PREVIOUS is a list of files
       python -m tvmnorm.tune accept "$STATE/schedules/cuda-sm_90.json" "$OUT/h200-tuned.json" \
         "$OUT/accepted-cuda-sm_90.json" --accepted schedules/cuda-sm_90.json \
-        --previous ${PREVIOUS-bench/results/h200-tuned.json} \
+        --previous $PREVIOUS \
         && cp "$OUT/accepted-cuda-sm_90.json" "$STATE/"  # for bench/h200_verify.sh on the same machine
     fi
   fi

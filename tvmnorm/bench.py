@@ -814,6 +814,13 @@ def _record(case: Case, impl, status, **kw) -> dict:
     return r
 
 
+def _rates(nbytes: int, us: float, copy_gbps: float, at_size: float | None) -> dict:
+    """gbps of ``nbytes`` moved in ``us``, and its fractions of the run's copy ceiling (frac) and
+    of the copy of the case's own size (frac_at_size, where measured)."""
+    gbps = nbytes / (us * 1e-6) / 1e9
+    return {"gbps": gbps, "frac": gbps / copy_gbps, **({"frac_at_size": gbps / at_size} if at_size else {})}
+
+
 def fastest_round(times):
     """(us, p20, p80) of the round with the smallest median, of (us, p20, p80) per round."""
     return min(times, key=lambda t: t[0])
@@ -907,10 +914,9 @@ def run_case(ctx, case: Case, impls, timer, copy_gbps, refcheck, max_sets, seed,
     def ok(impl, prepared, times):
         p, err, tol, setup = prepared
         us, p20, p80 = fastest_round(times)
-        gbps = case.bytes / (us * 1e-6) / 1e9
         extra = {"us_rounds": [round(t[0], 3) for t in times]} if rounds > 1 else {}
-        records[impl] = _record(case, impl, "ok", us=us, us_p20=p20, us_p80=p80, gbps=gbps, copy_gbps=copy_gbps,
-                                frac=gbps / copy_gbps, copy_at_size_gbps=at_size, frac_at_size=gbps / at_size,
+        records[impl] = _record(case, impl, "ok", us=us, us_p20=p20, us_p80=p80, copy_gbps=copy_gbps,
+                                copy_at_size_gbps=at_size, **_rates(case.bytes, us, copy_gbps, at_size),
                                 err=err, tol=tol, n_sets=n_sets, origin=p.origin, setup_s=round(setup, 3), **extra)
 
     if rounds == 1:  # one impl at a time: only its buffers and graphs are held
@@ -1190,12 +1196,9 @@ def _fastest_of_rounds(r: dict) -> dict:
     if r.get("status") != "ok" or not rounds or r["us"] <= min(rounds) + 1e-3:  # us_rounds keep 3 decimals
         return r
     us = min(rounds)
-    gbps = r["bytes"] / (us * 1e-6) / 1e9
-    out = dict(r, us=us, us_p20=None, us_p80=None, gbps=gbps, frac=gbps / r["copy_gbps"],
-               us_from="the fastest of us_rounds (bench.merge; the run recorded their median)")
-    if r.get("copy_at_size_gbps"):
-        out["frac_at_size"] = gbps / r["copy_at_size_gbps"]
-    return out
+    return dict(r, us=us, us_p20=None, us_p80=None,
+                **_rates(r["bytes"], us, r["copy_gbps"], r.get("copy_at_size_gbps")),
+                us_from="the fastest of us_rounds (bench.merge; the run recorded their median)")
 
 
 def merge(paths, records: dict | None = None) -> dict:
