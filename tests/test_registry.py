@@ -315,7 +315,8 @@ def test_dx_walking_whole_chunks_without_row_guards_is_right(key, rng, seed):
     """full_chunks (_tvm.FULL_CHUNK: the chunk walk in two versions, one without row guards for
     chunks whose rows are all below n) on the llvm dx kernel, where it runs here: right against
     float64 with one row, a chunk one row short of T, exactly T, one row past it and a last chunk
-    of a few rows. (On CUDA it is a knob of the tuned space: tests/test_gpu_core.py.)"""
+    of a few rows. (On CUDA, a knob of the tuned space and the layernorm default's dx:
+    tests/test_gpu_core.py.)"""
     from tvmnorm.runtime import variant_kernel
     from tvmnorm.sched.rows import CpuRowConfig
     from tvmnorm.sched.space import llvm_choices
