@@ -13,7 +13,9 @@ gives its thread count; each of them also with one barrier a row sum (+ws: warp_
 that applies, and those of several rows a block also computing a block whose rows are all in
 bounds without row guards (+fc: full_chunks). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
-alone, which with the library's whole call shows what the amax kernels cost. ``--int32`` adds
+alone, which with the library's whole call shows what the amax kernels cost, and the forward
+with amax's two stages (``library-amax-two-stage``: the call before amax_one served up to
+AMAX_ONE_ROWS rows). ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
 candidates get from NarrowDataType). ``--hints`` adds the default rule's point and the kept
 points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
@@ -30,6 +32,7 @@ import time
 import torch
 
 from tvmnorm import NormKey
+from tvmnorm.compute.norms import amax_partials
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
@@ -67,7 +70,7 @@ def points(key: NormKey, variants: bool = True) -> dict:
 
 
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
-            hints: bool = False) -> dict:
+            hints: bool = False, library_only: bool = False) -> dict:
     """Each point's time and error on one fresh input; fp8 also the library's fwd kernel alone
     (without the amax kernels), so the rest of the call shows."""
     norm, h = key.norm, key.hidden_size
@@ -109,8 +112,8 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     lib = REGISTRY.get(key, "cuda")
     r = {"norm": norm, "otype": key.otype, "hidden": h, "rows": rows, "library": lib.origin,
          "points": {"library": run(lambda: lib(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps))}}
-    todo = [(name, cfg, 64) for name, cfg in points(key, variants).items()]
-    if int32:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
+    todo = [] if library_only else [(name, cfg, 64) for name, cfg in points(key, variants).items()]
+    if int32 and todo:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
         todo.insert(1, ("default-int32", todo[0][1], 32))
     if hints:  # x loaded evict-first (stream 1) and y also stored so (2): the default rule's point
         # and the kept-row points of 16-byte vectors (torch.compile's loads)
@@ -130,6 +133,10 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
         fwd = lib.forward_for(rows)
         r["points"]["library-fwd-kernel-only"] = run(
             lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
+        # the library's call as it was before amax_one: amax's two stages after the forward
+        two_stage, chunk_maxima = lib.parts_for(rows)["amax"], torch.empty(amax_partials(rows), device="cuda")
+        r["points"]["library-amax-two-stage"] = run(
+            lambda: (fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), two_stage(amax_row, chunk_maxima, amax)))
     return r
 
 
@@ -140,6 +147,8 @@ def main():
     ap.add_argument("--norms", default="rmsnorm,layernorm")
     ap.add_argument("--otype", default="bf16", help="bf16, or fp8e4m3 (y and its amax)")
     ap.add_argument("--no-variants", action="store_true", help="only the default rule's points")
+    ap.add_argument("--library-only", action="store_true",
+                    help="only the library's call (fp8: also its forward alone and with amax's two stages)")
     ap.add_argument("--int32", action="store_true",
                     help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--hints", action="store_true",
@@ -155,7 +164,8 @@ def main():
             if time.time() > deadline:
                 break
             r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
-                        variants=not args.no_variants, int32=args.int32, hints=args.hints)
+                        variants=not args.no_variants, int32=args.int32, hints=args.hints,
+                        library_only=args.library_only)
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")

@@ -133,11 +133,36 @@ def test_finalize_split_follows_the_hidden_size(hidden, columns, lanes):
 
 def test_fp8_amax_is_reduced_by_many_blocks_then_one():
     """amax over the rows' maxima runs as two launches: one block per AMAX_CHUNK rows, then one
-    block over the chunk maxima (one block over every row read 524288 of them serially)."""
+    block over the chunk maxima (one block over every row read 524288 of them serially); for
+    calls of at most AMAX_ONE_ROWS rows, as one launch of one block whose threads each have
+    AMAX_ONE_UNROLL rows' loads in flight."""
+    from tvmnorm.sched.default import AMAX_ONE_UNROLL, AMAX_THREADS
     src = cuda_source(NormKey(hidden_size=128, otype="fp8e4m3"))
     first = kernel(src, "amax")
     assert f"blockIdx.x) * (int64_t){AMAX_CHUNK})" in first, "the first stage is not one block per chunk"
     assert re.search(r"__global__ void __launch_bounds__\(1024\) \w+_amax_kernel_1\(", src), "no second stage"
+    one = kernel(src, "amax_one")
+    assert "blockIdx" not in one and not re.search(r"\w+_amax_one_kernel_1\(", src), "amax_one is not one block"
+    loads = re.findall(r"= max\(in_thread_amax_ptr\[0\], (?:amax_row_ptr\[|condval)", one)
+    assert len(loads) == AMAX_ONE_UNROLL, f"{len(loads)} rows a loop step, not {AMAX_ONE_UNROLL}"
+    assert f"* (int64_t){AMAX_ONE_UNROLL * AMAX_THREADS})" in one
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("hidden,threads,rows,vec,keep", [
+    (128, 8, 16, 8, False), (128, 4, 32, 8, True), (1000, 64, 4, 4, False), (4096, 256, 2, 8, True)])
+def test_fp8_row_maxima_are_stored_for_rows_below_n_only(norm, hidden, threads, rows, vec, keep):
+    """With several rows a block, the last block's rows past n store no maximum: TVM lowers the
+    write-back of a reduction across threads under `threadIdx.x == 0` alone, and amax_row[n]
+    was written past its end (_tvm._guard_reduction_stores)."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep, keep_y=keep)
+    body = kernel(cuda_source(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), row_config=cfg), "fwd")
+    stores = [m.start() for m in re.finditer(r"(?<!\w)amax_row_ptr\[[^\n]*\] = ", body)]
+    assert stores, "no row maxima stored"
+    guard = rf"\(\(\(\(int64_t\)blockIdx\.x\) \* \(int64_t\){rows}\) \+ \(\(int64_t\)threadIdx\.y\)\) < n\)[^\n]*\{{\s*$"
+    for at in stores:
+        assert re.search(guard, body[max(0, at - 400):at]), f"a row maximum stored without its row guard: {body[at:at + 120]}"
 
 
 def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():

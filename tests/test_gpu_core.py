@@ -118,6 +118,37 @@ def test_cuda_two_stage_partial_sum(cuda_kernels, norm, stage, rng, seed):
     check_outputs(key, inputs, first, f"cuda {key.name} rows={rows} seed={seed} (two-stage partial sum)")
 
 
+@pytest.mark.parametrize("extra", (0, 1))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_fp8_amax_by_one_kernel_or_two(cuda_kernels, norm, extra, rng, seed):
+    """amax of AMAX_ONE_ROWS rows comes from amax_one (one block), of one row more from amax's
+    two stages: right against float64 on both sides of the switch (hidden 128: 16 rows a
+    block, a partial last block past it)."""
+    from tvmnorm.compute.norms import AMAX_ONE_ROWS
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=128)
+    run_and_check(cuda_kernels, key, AMAX_ONE_ROWS + extra, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (1, 17, 4095))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_fp8_row_maxima_stay_in_bounds(norm, rows, rng, seed):
+    """The fp8 forward with 16 rows a block writes no row maximum past the last row: amax_row
+    is the head of a larger buffer whose tail must keep its sentinel (TVM's lowering wrote the
+    last block's rows past n; _tvm._guard_reduction_stores)."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=128)
+    fwd = variant_kernel(key, "cuda", CudaRowConfig(threads=8, rows=16, vec=8))._f["fwd"]
+    inputs = make_inputs(key, rows, rng, device="cuda")
+    y = torch.empty((rows, 128), dtype=torch.float8_e4m3fn, device="cuda")
+    stats = [torch.empty(rows, device="cuda") for _ in range(2 if norm == "layernorm" else 1)]
+    beta = [inputs["beta"]] if norm == "layernorm" else []
+    maxima = torch.full((rows + 64,), -1.0, device="cuda")  # no maximum of |y| is negative
+    fwd(inputs["x"], inputs["gamma"], *beta, inputs["scale"], y, *stats, maxima[:rows], 1e-5)
+    torch.cuda.synchronize()
+    assert torch.all(maxima[rows:] == -1.0), f"{int((maxima[rows:] != -1.0).sum())} maxima written past row {rows}"
+    assert torch.all(maxima[:rows] >= 0), "row maxima not written"
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_cuda_zero_rows(cuda_kernels, stage, rng, seed):
     """No rows: nothing is launched for the row kernels, dgamma of nothing is 0."""

@@ -398,10 +398,36 @@ def _full_chunks(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, version)]))
 
 
+def _reads_cross_thread_result(expr) -> bool:
+    found = []
+    _walk(expr, _LOAD, lambda load: found.append(load) if load.source.name.startswith(CROSS_THREAD_PREFIX) else None)
+    return bool(found)
+
+
+# TVM's LowerCrossThreadReduction names the result of a reduction across threads so; it writes
+# the result back under `threadIdx.x == 0` alone, without the predicate of the block it lowers.
+CROSS_THREAD_PREFIX = "cross_thread_"
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.GuardReductionStores")
+def _guard_reduction_stores(func, _mod, _ctx):
+    """Each global 1-D store of a cross-thread reduction's result under ``index < extent``. The
+    write-back TVM lowers drops the row guard of its block: the fp8 forward's per-row maxima
+    (amax_row[n]), with several rows a block, wrote past the last row in the last block (rows
+    ceil(n / R) * R - n of them; on a torch tensor inside its 512-byte rounding, by luck)."""
+    def guard(store):
+        if len(store.indices) != 1 or store.buffer.scope() != "global" or len(store.buffer.shape) != 1 \
+                or not _reads_cross_thread_result(store.value):
+            return store
+        return tirx.IfThenElse(store.indices[0] < store.buffer.shape[0], store, None)
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.BufferStore, guard)]))
+
+
 def _install_unroll_by():
-    """Run _stream_loads, _full_chunks and _unroll_annotated first wherever the default TIR
-    pipeline runs UnrollLoop (it looks the pass up on tirx.transform at each build). They change
-    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY."""
+    """Run _stream_loads, _guard_reduction_stores, _full_chunks and _unroll_annotated first
+    wherever the default TIR pipeline runs UnrollLoop (it looks the pass up on tirx.transform at
+    each build). All but _guard_reduction_stores change only loops that carry STREAM_LOADS,
+    FULL_CHUNK or UNROLL_BY."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return
@@ -409,7 +435,9 @@ def _install_unroll_by():
     def unroll_loop():
         # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
         # copy its own
-        return tvm.transform.Sequential([_stream_loads, _full_chunks, _unroll_annotated, tirx.transform.ConvertSSA(),
+        # the guards first: a whole block's copy (_full_chunks) drops them with the others
+        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _full_chunks, _unroll_annotated,
+                                         tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True
     tirx.transform.UnrollLoop = unroll_loop

@@ -194,11 +194,15 @@ class NormKernel:
         args = [a[n] for n in names]
         fwd = self.forward_for(rows)
         if self.key.fp8_out:
-            from .compute.norms import amax_partials
+            from .compute.norms import AMAX_ONE_ROWS, amax_partials
             amax_row = _alloc(a["x"], (rows,), "float32")
             if launch:
                 fwd(*args, amax_row, float(eps))
-            self.parts_for(rows)["amax"](amax_row, _alloc(a["x"], (amax_partials(rows),), "float32"), a["amax"])
+            parts = self.parts_for(rows)
+            if rows <= AMAX_ONE_ROWS:
+                parts["amax_one"](amax_row, a["amax"])
+            else:
+                parts["amax"](amax_row, _alloc(a["x"], (amax_partials(rows),), "float32"), a["amax"])
         elif launch:
             fwd(*args, float(eps))
 
