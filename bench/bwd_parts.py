@@ -12,7 +12,9 @@ measurement. With --dx 512x1x1,448x2x1 it also times the default rule's dx with 
 per row x rows per group x groups in flight (sched.rows._cuda_pipeline; 0 keeps the default's
 value; a fourth field 32 compiles it with an int32 row count, the index width a tuning candidate
 gets), each checked against the library's dx and partials (run it with a library of default
-schedules).
+schedules). With --chunk-rows 32,64 it also times the whole call under the default rule with
+chunks of each T (the default's T is compute.norms.rows_per_partial's 32), checked against the
+library's call.
 """
 from __future__ import annotations
 
@@ -60,12 +62,22 @@ def dx_variant(key, threads: int, prefetch: int, stages: int, bits: int = 64, gr
     return variant_kernel(key, "cuda", cfg, row_bits=bits, group_rows=group)._f["dx"], cfg
 
 
+def default_at(key, t: int):
+    """The key's whole backward under the default rule with chunks of ``t`` rows (a record of
+    no traces and T = t, as tune.default_record writes where the default's schedule won),
+    compiled on its own."""
+    from tvmnorm.build import compile_funcs, key_funcs
+    from tvmnorm.runtime import _kernel_from_module
+    funcs = key_funcs(key, "cuda", {"rows_per_partial": t})
+    return _kernel_from_module(key, "cuda", compile_funcs(funcs, "cuda").mod, False, f"default-T{t}", t)
+
+
 def rel_err(got, want) -> float:
     """The largest |got - want| over the largest |want|, across the outputs."""
     return max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
 
 
-def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=()) -> dict:
+def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_rows=()) -> dict:
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     rows = train_rows(h)
@@ -96,6 +108,15 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=()) -> dic
         fin(part, *got)
         r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": probe_us(lambda: fin(part, *got)),
                                                                 "rel_err": rel_err(got, want)}
+    r["default_T"] = {}
+    if chunk_rows:  # the whole call against the library's (run with a --no-tuned library: T = 32)
+        k(dy, x, *stats, gamma, dx, *grads)
+        want = [dx.float()] + [g.float() for g in grads]
+    for t in chunk_rows:
+        kt = default_at(key, t)
+        got = [torch.full_like(dx, float("nan"))] + [torch.full_like(g, float("nan")) for g in grads]
+        kt(dy, x, *stats, gamma, *got)
+        r["default_T"][t] = {"us": probe_us(lambda: kt(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
     r["dx_points"] = {}
     if dx_points:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
@@ -125,6 +146,8 @@ def main():
                     "given), blocks an SM must hold (1 unless given) and 1 to walk whole chunks without row guards "
                     "(0 unless given), e.g. 512x0x0,0x1x2,0x0x0x32,0x0x1x32x2,0x0x0x32x1x2,0x0x0x32x1x1x1 "
                     "(run with a --no-tuned library: checked against its dx)")
+    ap.add_argument("--chunk-rows", default="", help="also the whole call under the default rule at these T, "
+                    "e.g. 32,64 (run with a --no-tuned library: checked against its call)")
     args = ap.parse_args()
     variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
     # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1) and FULL (0) where not given
@@ -135,13 +158,14 @@ def main():
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            r = measure(norm, h, ceiling, variants, dx_points)
+            r = measure(norm, h, ceiling, variants, dx_points, [int(t) for t in args.chunk_rows.split(",") if t])
             out.append(r)
             print(f"{norm:9s} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
                   f"(frac {r['frac']:.3f})" + "".join(f"  {k} {v['us']:.1f} (err {v['rel_err']:.0e})"
                                                       for k, v in r["finalize_variants"].items())
-                  + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" for k, v in r["dx_points"].items()),
+                  + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" for k, v in r["dx_points"].items())
+                  + "".join(f"  call@T{t} {v['us']:.1f} (err {v['rel_err']:.0e})" for t, v in r["default_T"].items()),
                   flush=True)
     meta = probe_meta(ceiling)
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
