@@ -13,8 +13,9 @@ gives its thread count; each of them also with one barrier a row sum (+ws: warp_
 that applies, and those of several rows a block also computing a block whose rows are all in
 bounds without row guards (+fc: full_chunks). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
-alone (it folds the rows' maxima into amax, zeroed before it untimed), which with the library's
-whole call shows what zeroing amax costs. ``--int32`` adds
+alone, which with the library's whole call shows what the amax kernels cost, and the forward
+with amax's two stages (``library-amax-two-stage``: the call before amax_one served up to
+AMAX_ONE_ROWS rows). ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
 candidates get from NarrowDataType). ``--hints`` adds the default rule's point and the kept
 points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
@@ -31,6 +32,7 @@ import time
 import torch
 
 from tvmnorm import NormKey
+from tvmnorm.compute.norms import amax_partials
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
@@ -70,7 +72,7 @@ def points(key: NormKey, variants: bool = True) -> dict:
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
             hints: bool = False, library_only: bool = False) -> dict:
     """Each point's time and error on one fresh input; fp8 also the library's fwd kernel alone
-    (without amax_zero), so the rest of the call shows."""
+    (without the amax kernels), so the rest of the call shows."""
     norm, h = key.norm, key.hidden_size
     rows = train_rows(h)
     x = torch.randn(rows, h, device="cuda").bfloat16()
@@ -83,7 +85,7 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     if key.fp8_out:
         y = torch.empty(rows, h, device="cuda", dtype=torch.float8_e4m3fn)
         scale = torch.ones(1, device="cuda")  # |y| of a few units: no saturation, e4m3's steps of 1/16
-        amax = torch.empty(1, device="cuda")
+        amax, amax_row = torch.empty(1, device="cuda"), torch.empty(rows, device="cuda")
         extra_in, extra_out = [scale], [amax]
         nbytes = rows * h * 3
     else:
@@ -91,18 +93,19 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
         extra_in, extra_out = [], []
         nbytes = 2 * rows * h * 2
 
-    def run(call, zeroed=False):
-        """Time and error of ``call``; fp8 with amax zeroed before it (``zeroed``: a forward
-        alone, which folds its rows' maxima into amax) instead of poisoned."""
+    row_peak = ref.abs().amax(dim=1) if key.fp8_out else None
+
+    def run(call, whole=True):
+        """Time and error of ``call``; fp8: with amax of the whole call (``whole``) or of each
+        row (a fwd kernel alone)."""
         (y.view(torch.uint8).fill_(0x7F) if key.fp8_out else y.fill_(float("nan")))  # NaN
-        for t in extra_out:
+        for t in extra_out + ([amax_row] if key.fp8_out else []):
             t.fill_(float("nan"))
-        if zeroed:
-            amax.zero_()
         call()
         err = float((y.double() - ref).abs().max()) / peak  # NaN left anywhere stays NaN
         if key.fp8_out:
-            err = max(err, abs(float(amax[0]) - peak) / peak)
+            got, want = (amax[0], peak) if whole else (amax_row, row_peak)
+            err = max(err, float((got.double() - want).abs().max()) / peak)
         t = probe_us(call)
         return {"us": t, "frac": nbytes / t / 1e3 / ceiling, "rel_err": err}
 
@@ -123,13 +126,17 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
             break
         f = variant_kernel(key, "cuda", cfg, row_bits=bits)._f["fwd"]
         if key.fp8_out:
-            r["points"][name] = run(lambda: f(x, gamma, *beta, scale, y, *stats, amax, eps), zeroed=True)
+            r["points"][name] = run(lambda: f(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
         else:
             r["points"][name] = run(lambda: f(x, gamma, *beta, y, *stats, eps))
     if key.fp8_out:
         fwd = lib.forward_for(rows)
         r["points"]["library-fwd-kernel-only"] = run(
-            lambda: fwd(x, gamma, *beta, scale, y, *stats, amax, eps), zeroed=True)
+            lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
+        # the library's call as it was before amax_one: amax's two stages after the forward
+        two_stage, chunk_maxima = lib.parts_for(rows)["amax"], torch.empty(amax_partials(rows), device="cuda")
+        r["points"]["library-amax-two-stage"] = run(
+            lambda: (fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), two_stage(amax_row, chunk_maxima, amax)))
     return r
 
 
@@ -141,7 +148,7 @@ def main():
     ap.add_argument("--otype", default="bf16", help="bf16, or fp8e4m3 (y and its amax)")
     ap.add_argument("--no-variants", action="store_true", help="only the default rule's points")
     ap.add_argument("--library-only", action="store_true",
-                    help="only the library's call (fp8: also its forward alone)")
+                    help="only the library's call (fp8: also its forward alone and with amax's two stages)")
     ap.add_argument("--int32", action="store_true",
                     help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--hints", action="store_true",

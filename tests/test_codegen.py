@@ -9,6 +9,7 @@ import pytest
 
 from tvmnorm import NormKey
 from tvmnorm.build import compile_funcs, scheduled_funcs
+from tvmnorm.compute.norms import AMAX_CHUNK
 
 
 def cuda_source(key: NormKey, row_config=None, group_rows: int = 1) -> str:
@@ -130,44 +131,33 @@ def test_finalize_split_follows_the_hidden_size(hidden, columns, lanes):
     assert re.search(rf"blockIdx\.x\)+ \* (\(int64_t\))?{columns}\)", kernel(body, "finalize"))
 
 
-@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
-@pytest.mark.parametrize("hidden,threads,rows,vec,keep", [
-    (128, 8, 16, 8, False), (128, 4, 32, 8, True), (1000, 64, 4, 4, False), (4096, 256, 2, 8, True),
-    (7168, 512, 1, 8, True)])
-def test_fp8_forward_folds_the_row_maxima_into_amax(norm, hidden, threads, rows, vec, keep):
-    """The CUDA fp8 forward takes amax[1] and folds each row's maximum into it (_tvm.AMAX_FOLD):
-    the maxima of one warp's rows combined by __reduce_max_sync, one atomicMax on their bits a
-    warp, only for rows below n; the key's kernels are amax_zero and the forward (no amax
-    kernels after it)."""
-    from tvmnorm.sched.rows import CudaRowConfig
-    cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep, keep_y=keep)
-    src = cuda_source(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), row_config=cfg)
-    assert re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?\w+_(amax\w*|fwd)_kernel\(", src)[:2] == \
-        ["amax_zero", "fwd"] and "_amax_kernel" not in src
-    body = kernel(src, "fwd")
-    assert re.search(r"_fwd_kernel\(float\* __restrict__ amax_ptr,", src) and not re.search(r"(?<!\w)amax_row_ptr", src)
-    assert body.count("atomicMax((&(((int*)amax_ptr)[0])), warp_max);") == 1
-    at = body.index("__activemask();\n", body.index("warp_mask"))
-    assert "__reduce_max_sync(warp_mask, " in body[at:at + 300]
-    if rows > 1:
-        guard = rf"\(\(\(\(int64_t\)blockIdx\.x\) \* \(int64_t\){rows}\) \+ \(\(int64_t\)threadIdx\.y\)\) < n\)[^\n]*\{{\s*$"
-        assert re.search(guard, body[max(0, at - 400):at].rsplit("uint warp_mask", 1)[0]), "a row past n folds its maximum"
+def test_fp8_amax_is_reduced_by_many_blocks_then_one():
+    """amax over the rows' maxima runs as two launches: one block per AMAX_CHUNK rows, then one
+    block over the chunk maxima (one block over every row read 524288 of them serially); for
+    calls of at most AMAX_ONE_ROWS rows, as one launch of one block whose threads each have
+    AMAX_ONE_UNROLL rows' loads in flight."""
+    from tvmnorm.sched.default import AMAX_ONE_UNROLL, AMAX_THREADS
+    src = cuda_source(NormKey(hidden_size=128, otype="fp8e4m3"))
+    first = kernel(src, "amax")
+    assert f"blockIdx.x) * (int64_t){AMAX_CHUNK})" in first, "the first stage is not one block per chunk"
+    assert re.search(r"__global__ void __launch_bounds__\(1024\) \w+_amax_kernel_1\(", src), "no second stage"
+    one = kernel(src, "amax_one")
+    assert "blockIdx" not in one and not re.search(r"\w+_amax_one_kernel_1\(", src), "amax_one is not one block"
+    loads = re.findall(r"= max\(in_thread_amax_ptr\[0\], (?:amax_row_ptr\[|condval)", one)
+    assert len(loads) == AMAX_ONE_UNROLL, f"{len(loads)} rows a loop step, not {AMAX_ONE_UNROLL}"
+    assert f"* (int64_t){AMAX_ONE_UNROLL * AMAX_THREADS})" in one
 
 
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
 @pytest.mark.parametrize("hidden,threads,rows,vec,keep", [
     (128, 8, 16, 8, False), (128, 4, 32, 8, True), (1000, 64, 4, 4, False), (4096, 256, 2, 8, True)])
 def test_fp8_row_maxima_are_stored_for_rows_below_n_only(norm, hidden, threads, rows, vec, keep):
-    """Where the fp8 forward writes its rows' maxima out (a tuning candidate: no AMAX_FOLD), the
-    last block's rows past n store none: TVM lowers the write-back of a reduction across threads
-    under `threadIdx.x == 0` alone, and amax_row[n] was written past its end
-    (_tvm._guard_reduction_stores)."""
-    from tvmnorm._tvm import AMAX_FOLD
+    """With several rows a block, the last block's rows past n store no maximum: TVM lowers the
+    write-back of a reduction across threads under `threadIdx.x == 0` alone, and amax_row[n]
+    was written past its end (_tvm._guard_reduction_stores)."""
     from tvmnorm.sched.rows import CudaRowConfig
     cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep, keep_y=keep)
-    funcs = scheduled_funcs(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), "cuda", row_config=cfg)
-    src = compile_funcs({n: f.without_attr(AMAX_FOLD) for n, f in funcs.items()}, "cuda").mod.imports[0].inspect_source()
-    body = kernel(src, "fwd")
+    body = kernel(cuda_source(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), row_config=cfg), "fwd")
     stores = [m.start() for m in re.finditer(r"(?<!\w)amax_row_ptr\[[^\n]*\] = ", body)]
     assert stores, "no row maxima stored"
     guard = rf"\(\(\(\(int64_t\)blockIdx\.x\) \* \(int64_t\){rows}\) \+ \(\(int64_t\)threadIdx\.y\)\) < n\)[^\n]*\{{\s*$"
@@ -575,7 +565,7 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
     src = compile_funcs(key_funcs(key, "cuda", record), "cuda").mod.imports[0].inspect_source()
 
     def body(symbol):
-        start = re.search(rf"__global__ void (__launch_bounds__\(\d+(, \d+)?\) )?{symbol}_kernel\([^)]*\) {{", src)
+        start = re.search(rf"__global__ void (__launch_bounds__\(\d+\) )?{symbol}_kernel\([^)]*\) {{", src)
         assert start, f"no kernel {symbol}"
         return src[start.end():src.index("\n}\n", start.end())]
     assert "int64_t" not in body(f"{key.name}_narrow_{part}")

@@ -107,12 +107,15 @@ def test_fp8_mixed_input(kernels, norm, rng, seed):
     run_and_check(kernels, key, 257, rng, seed)
 
 
+@pytest.mark.parametrize("path", ("one", "two"))
 @pytest.mark.parametrize("where", ("first", "middle", "last"))
-def test_fp8_amax_across_chunks(kernels, where, rng, seed):
-    """amax is reduced in chunks of AMAX_CHUNK rows, then over the chunks: the row with the
-    largest |y| is found in the first chunk, a middle one, or the last, partial one."""
-    from tvmnorm.compute.norms import AMAX_CHUNK
-    rows = 2 * AMAX_CHUNK + 17
+def test_fp8_amax_across_chunks(kernels, where, path, rng, seed):
+    """amax is reduced by one kernel over every row's maximum (amax_one, up to AMAX_ONE_ROWS
+    rows) or in chunks of AMAX_CHUNK rows, then over the chunks (amax): the row with the largest
+    |y| is found in the first chunk, a middle one, or the last, partial one, by the kernel the
+    row count picks."""
+    from tvmnorm.compute.norms import AMAX_CHUNK, AMAX_ONE_ROWS
+    rows = 2 * AMAX_CHUNK + 17 + (AMAX_ONE_ROWS if path == "two" else 0)
     key = NormKey(norm="rmsnorm", stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=8)
     inputs = make_inputs(key, rows, rng)
     big = {"first": 3, "middle": AMAX_CHUNK + 5, "last": rows - 2}[where]
@@ -120,7 +123,18 @@ def test_fp8_amax_across_chunks(kernels, where, rng, seed):
     x = torch.full((rows, 8), 0.5, dtype=torch.bfloat16)
     x[big, 0] = 64.0
     inputs["x"] = x
-    outs = call(kernels(key), inputs, rows)
+    kernel = kernels(key)
+    ran, parts = [], kernel.parts_for(rows)
+    real = {name: parts[name] for name in ("amax", "amax_one")}
+
+    def spy(name):
+        return lambda *args: (ran.append(name), real[name](*args))
+    parts.update({name: spy(name) for name in real})
+    try:
+        outs = call(kernel, inputs, rows)
+    finally:
+        parts.update(real)  # the kernel is cached for the other tests
+    assert ran == [{"one": "amax_one", "two": "amax"}[path]], ran
     check_outputs(key, inputs, outs, f"{key.name} rows={rows} spike at row {big} seed={seed}")
 
 

@@ -423,72 +423,11 @@ def _guard_reduction_stores(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.BufferStore, guard)]))
 
 
-# A CUDA fp8 forward whose PrimFunc carries AMAX_FOLD (the name of its per-row maxima output,
-# "amax_row") takes amax[1] in its place and folds each row's maximum into it by an atomic max,
-# as TransformerEngine's fp8 forward does: no amax kernels after it, which cost ~5 us a call on
-# the H200 (bench/results/h200-run15/fp8-probe.log; one launch of them or two alike). The
-# runtime zeroes amax first (the amax_zero kernel). The threads of a warp that store a row's
-# maximum combine theirs first (__reduce_max_sync), so a warp makes one atomic, not one a row.
-# The maxima are >= 0 (absolute values), and a non-negative float orders as its int32 bits: the
-# atomic is atomicMax on the bits. The tuner's candidates keep amax_row (MetaSchedule allocates
-# a kernel's arguments from its PrimFunc, which says amax_row[n]); build.scheduled_funcs marks
-# the kernels of libraries, the default-kernel cache and the probes.
-AMAX_FOLD = "tvmnorm.amax_fold"
-
-
-def _thread_lane(func):
-    """This thread's lane in its warp: its linear index in the block, modulo 32."""
-    threads = {}
-    _walk(func.body, tirx.AttrStmt, lambda a: threads.setdefault(a.node.thread_tag, (a.node.var, a.value))
-          if a.attr_key == "thread_extent" and a.node.thread_tag.startswith("threadIdx") else None)
-    linear, stride = None, None
-    for tag in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
-        if tag in threads:
-            var, extent = threads[tag]
-            term = var if stride is None else var * stride
-            linear = term if linear is None else linear + term
-            stride = extent if stride is None else stride * extent
-    return tirx.floormod(linear, tirx.const(32, linear.ty))
-
-
-@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.AmaxFold")
-def _amax_fold(func, _mod, _ctx):
-    if AMAX_FOLD not in func.attrs:
-        return func
-    name = str(func.attrs[AMAX_FOLD])
-    maxima = next(v for v in func.params if v.name == name)
-    amax = tirx.decl_buffer((1,), "float32", name="amax")
-    bits = tirx.decl_buffer((1,), "int32", name="amax_bits", data=amax.data)
-    lane = _thread_lane(func)
-    stores = []
-
-    def fold(store):
-        if not (isinstance(store, tirx.BufferStore) and store.buffer.name == name):
-            return store
-        stores.append(store)
-        mask = tirx.Var("warp_mask", "uint32")
-        top = tirx.Var("warp_max", "int32")
-        first = tirx.call_extern("int32", "__ffs", mask) - 1
-        atomic = tirx.SeqStmt([tirx.DeclBuffer(bits, data=amax.data), tirx.Evaluate(
-            tirx.call_extern("int32", "atomicMax", tirx.address_of(tirx.BufferLoad(bits, [0])), top))])
-        return tirx.SeqStmt([
-            tirx.Bind(mask, tirx.call_extern("uint32", "__activemask")),
-            tirx.Bind(top, tirx.call_extern("int32", "__reduce_max_sync", mask, tirx.reinterpret("int32", store.value))),
-            tirx.IfThenElse(tirx.Cast(lane.ty, first) == lane, atomic, None)])
-    body = tvm_ffi.structural_map(func.body, [(tirx.BufferStore, fold)])
-    if not stores:
-        raise RuntimeError(f"{func.attrs.get('global_symbol')}: no store of {name} to fold into amax")
-    body = tvm_ffi.structural_map(body, [(tirx.Var, lambda v: amax if v.same_as(maxima) else v)])
-    params = [amax if v.same_as(maxima) else v for v in func.params]
-    return PrimFunc(params, body, func.ret_type, func.attrs)
-
-
 def _install_unroll_by():
-    """Run _stream_loads, _guard_reduction_stores, _amax_fold, _full_chunks and
-    _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks the pass
-    up on tirx.transform at each build). _stream_loads, _full_chunks and _unroll_annotated change
-    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY; _amax_fold only functions that
-    carry AMAX_FOLD."""
+    """Run _stream_loads, _guard_reduction_stores, _full_chunks and _unroll_annotated first
+    wherever the default TIR pipeline runs UnrollLoop (it looks the pass up on tirx.transform at
+    each build). All but _guard_reduction_stores change only loops that carry STREAM_LOADS,
+    FULL_CHUNK or UNROLL_BY."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return
@@ -497,8 +436,8 @@ def _install_unroll_by():
         # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
         # copy its own
         # the guards first: a whole block's copy (_full_chunks) drops them with the others
-        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _amax_fold, _full_chunks,
-                                         _unroll_annotated, tirx.transform.ConvertSSA(),
+        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _full_chunks, _unroll_annotated,
+                                         tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True
     tirx.transform.UnrollLoop = unroll_loop

@@ -56,10 +56,9 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     ``row_bits`` = 32 gives the kernels an int32 row count (compute.symbolic_rows); ``parts``
     keeps only those kernels, named ``<prefix>_<part>`` (default prefix: the key's name).
     ``group_rows`` is the dx kernel's rows per row reduction (compute.norms._group_sums; a probe
-    variant, no record has it). A CUDA fp8 forward folds its rows' maxima into amax
-    (_tvm.AMAX_FOLD): the tuner's candidates alone keep the amax_row output."""
+    variant, no record has it)."""
     from . import compute
-    from ._tvm import AMAX_FOLD, Schedule, Trace
+    from ._tvm import Schedule, Trace
     from .sched.default import default_schedule
     from .sched.rows import schedule_rows_cpu, schedule_rows_cuda
     out = {}
@@ -79,10 +78,7 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
         else:
             sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
         symbol = func.attrs["global_symbol"]
-        scheduled = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
-        if part == "fwd" and key.fp8_out and kind == "cuda":
-            scheduled = scheduled.with_attr(AMAX_FOLD, "amax_row")
-        out[symbol] = scheduled
+        out[symbol] = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
     return out
 
 

@@ -9,11 +9,9 @@ Kernels per stage (``KERNEL_PARTS``) and their arguments, in order:
 fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row[n]), eps
            layernorm  x, gamma, beta[H], (scale), y, mu[n], rsigma, (amax_row), eps
            (scale and amax_row only when otype is fp8: y = sat(y * scale), amax_row = max|y|
-           per row before scaling, as TransformerEngine's fused fp8 output does; a CUDA library's
-           forward takes amax[1] in amax_row's place and folds the rows' maxima into it with
-           atomics, _tvm.AMAX_FOLD)
-amax_zero  -> amax[1] = 0   (fp8 fwd on cuda: before the forward folds into it)
-amax       amax_row[n], amax_part[ceil(n / AMAX_CHUNK)] -> amax[1]   (fp8 fwd on llvm)
+           per row before scaling, as TransformerEngine's fused fp8 output does)
+amax       amax_row[n], amax_part[ceil(n / AMAX_CHUNK)] -> amax[1]   (fp8 fwd only)
+amax_one   amax_row[n] -> amax[1]   (fp8 fwd only; one launch, for calls of <= AMAX_ONE_ROWS rows)
 dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H], part[1,q,H]
            layernorm  dy, x, mu, rsigma, gamma, (dz), dx, part[2,q,H]   (dz only for bwd_add)
 combine    part[s,q,H] -> mid[s,ceil(q / COMBINE_GROUP),H]   (only for many partials)
@@ -42,7 +40,7 @@ from .._tvm import register_sum_reducers, te, tirx
 from ..key import TVM_DTYPE, NormKey
 from ..targets import KINDS
 
-KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax"), "fwd_fp8_cuda": ("amax_zero", "fwd"),
+KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"),
                 "bwd": ("dx", "combine", "finalize"), "bwd_add": ("dx", "combine", "finalize")}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
@@ -127,13 +125,9 @@ def _to_fp8(v, otype: str, dt: str):
 
 
 def parts_of(key: NormKey, kind: str) -> tuple:
-    """The kernels of a key on target ``kind``, in call order (a call runs combine only for many
-    partials). The fp8 forward's amax differs: on CUDA the forward folds every row's maximum
-    into amax by atomics (_tvm.AMAX_FOLD) after amax_zero; on llvm it writes them out and the
-    amax kernel reduces them."""
-    if key.fp8_out:
-        return KERNEL_PARTS["fwd_fp8_cuda" if kind == "cuda" else "fwd_fp8"]
-    return KERNEL_PARTS[key.stage]
+    """The kernels of a key, in call order (the same on every target kind); a call runs combine
+    only for many partials, and amax or amax_one by its row count (runtime.NormKernel)."""
+    return KERNEL_PARTS["fwd_fp8" if key.fp8_out else key.stage]
 
 
 def symbolic_rows(bits: int = 64):
@@ -230,10 +224,10 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     return _func(ins + [scale, y] + stats + [amax, eps], name)
 
 
-# Rows of amax_row that one block of the amax kernel's first stage reduces (llvm; the CUDA path
-# until the forward folded amax in: one block reducing every row read 524288 rows (QK-norm at 16384 tokens) with 512 loads per thread in a loop: on
-# the H200 rmsnorm fp8 at hidden 128 took 275 us in all, 97 us in two stages). The first stage is
-# one task (a block on CUDA) per chunk, the second reduces ceil(n / 4096) values.
+# Rows of amax_row that one block of the amax kernel's first stage reduces. One block reducing
+# every row read 524288 rows (QK-norm at 16384 tokens) with 512 loads per thread in a loop: on
+# the H200 rmsnorm fp8 at hidden 128 took 275 us in all, 97 us in two stages; the first stage is
+# one wave of blocks with 4 loads per thread, the second reduces ceil(n / 4096) values.
 AMAX_CHUNK = 4096
 
 
@@ -251,24 +245,41 @@ def amax(rows=None, name="amax"):
     N = _rows(rows)
     row = te.placeholder((N,), "float32", name="amax_row")
     C = AMAX_CHUNK
-    # at least one chunk: a TIR reduction initialises inside its loop, so a zero-extent one
-    # would leave amax unwritten; a step past the rows adds 0, neutral for a max of absolute
-    # values
-    P = (tirx.floordiv(tirx.max(N, tirx.const(1, str(N.ty))) + (C - 1), C) if isinstance(N, tirx.Var)
-         else amax_partials(N))
+    P = _at_least_one(N, C) if isinstance(N, tirx.Var) else amax_partials(N)
     r = te.reduce_axis((0, C), name="r")
-    part = te.compute((P,), lambda p: te.max(te.if_then_else(p * C + r < N, row[p * C + r],
-                                                             tirx.const(0.0, "float32")), axis=r),
-                      name="amax_part")
+    part = te.compute((P,), lambda p: te.max(_row_or_zero(row, N, p * C + r), axis=r), name="amax_part")
     q = te.reduce_axis((0, P), name="q")
     out = te.compute((1,), lambda _: te.max(part[q], axis=q), name="amax")
     return _func([row, part, out], name)
 
 
-def amax_zero(name="amax_zero"):
-    """amax[0] = 0: the CUDA fp8 forward then folds the rows' maxima into it (_tvm.AMAX_FOLD)."""
-    out = te.compute((1,), lambda _: tirx.const(0.0, "float32"), name="amax")
-    return _func([out], name)
+# The most rows amax_one serves: a launch of amax's second stage costs more than one block
+# reading up to 32 of them a thread (unrolled by sched.default.AMAX_ONE_UNROLL, so that they are in flight
+# together; one block reading all 524288 rows of QK-norm serially is what amax's two stages
+# replaced).
+AMAX_ONE_ROWS = 8 * AMAX_CHUNK
+
+
+def amax_one(rows=None, name="amax_one"):
+    """amax[0] = max(amax_row) in one stage (one block on CUDA): a call of at most AMAX_ONE_ROWS
+    rows, the training and decode shapes of every catalog width but 128, saves amax's second
+    launch."""
+    N = _rows(rows)
+    row = te.placeholder((N,), "float32", name="amax_row")
+    r = te.reduce_axis((0, _at_least_one(N, 1) if isinstance(N, tirx.Var) else max(N, 1)), name="r")
+    out = te.compute((1,), lambda _: te.max(_row_or_zero(row, N, r), axis=r), name="amax")
+    return _func([row, out], name)
+
+
+def _at_least_one(N, C):
+    """ceildiv(max(N, 1), C): at least one step, since a TIR reduction initialises inside its
+    loop and a zero-extent one would leave amax unwritten (amax of no rows is 0)."""
+    return tirx.floordiv(tirx.max(N, tirx.const(1, str(N.ty))) + (C - 1), C)
+
+
+def _row_or_zero(row, N, i):
+    """row[i], or 0 past the rows: neutral for a max of absolute values."""
+    return te.if_then_else(i < N, row[i], tirx.const(0.0, "float32"))
 
 
 def _bwd_inputs(key: NormKey, N, H=None):
@@ -472,7 +483,7 @@ def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=Non
     global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, kind, rows, n), "amax": lambda n: amax(rows, n),
-             "amax_zero": lambda n: amax_zero(n),
+             "amax_one": lambda n: amax_one(rows, n),
              "dx": lambda n: dx(key, kind, rows, n, chunk_rows, group_rows), "combine": lambda n: combine(key, n),
              "finalize": lambda n: finalize(key, kind, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

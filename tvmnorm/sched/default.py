@@ -200,10 +200,35 @@ def _cuda_combine(func):
     return sch
 
 
-def _cuda_amax_zero(func):
+AMAX_THREADS = 1024
+
+
+def _cuda_amax(func):
+    """Both stages (chunk maxima, then their max) as a block-wide allreduce of 1024 threads:
+    the first stage one block per chunk, the second one block."""
     sch = Schedule(func)
-    (only,) = sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])
-    sch.bind(only, "threadIdx.x")
+    for blk in sch.get_child_blocks(sch.get_sblock("root")):
+        outer, r = sch.get_loops(blk)
+        sch.bind(outer, "blockIdx.x")
+        _, tx = sch.split(r, [None, AMAX_THREADS])
+        sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+# Rows a thread of amax_one keeps in flight: its loads are independent (only the max chains), but
+# a rolled loop waits for each before the next.
+AMAX_ONE_UNROLL = 8
+
+
+def _cuda_amax_one(func):
+    """One block of 1024 threads, each reading rows 1024 apart, AMAX_ONE_UNROLL at a time."""
+    sch = Schedule(func)
+    blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    outer, r = sch.get_loops(blk)
+    sch.bind(outer, "blockIdx.x")
+    _, u, tx = sch.split(r, [None, AMAX_ONE_UNROLL, AMAX_THREADS])
+    sch.bind(tx, "threadIdx.x")
+    sch.unroll(u)
     return sch
 
 
@@ -239,14 +264,17 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
             if part == "dx" and is_fused(func):
                 return schedule_rows_cuda(func, fused_cuda_heuristic(func, hidden, itype_bytes))
             return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
-        return {"finalize": _cuda_finalize, "combine": _cuda_combine, "amax_zero": _cuda_amax_zero}[part](func)
+        return {"finalize": _cuda_finalize, "combine": _cuda_combine, "amax": _cuda_amax,
+                "amax_one": _cuda_amax_one}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
+    if part == "amax_one":
+        return Schedule(func)  # a serial loop over the rows' maxima
     return {"finalize": _cpu_finalize, "combine": _cpu_combine, "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):
-    if part in ("amax", "amax_zero"):
+    if part in ("amax", "amax_one"):
         return 1
     shape = func.params[0].shape
     return int(shape[-1])
