@@ -565,7 +565,7 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
     src = compile_funcs(key_funcs(key, "cuda", record), "cuda").mod.imports[0].inspect_source()
 
     def body(symbol):
-        start = re.search(rf"__global__ void (__launch_bounds__\(\d+\) )?{symbol}_kernel\([^)]*\) {{", src)
+        start = re.search(rf"__global__ void (__launch_bounds__\(\d+(, \d+)?\) )?{symbol}_kernel\([^)]*\) {{", src)
         assert start, f"no kernel {symbol}"
         return src[start.end():src.index("\n}\n", start.end())]
     assert "int64_t" not in body(f"{key.name}_narrow_{part}")

@@ -174,18 +174,18 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
     run_and_check(cuda_kernels, key, 2_000_003, rng, seed)
 
 
-@pytest.mark.parametrize("rows", (31, 32, 33, 16384))
+@pytest.mark.parametrize("past_chunk", (-1, 0, 1, None))
 @pytest.mark.parametrize("hidden", (128, 1000, 4095, 7168))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
-def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
-    """The one-pass backward around its chunk of T = 32 rows (a chunk one row short, exactly one,
-    a second chunk of one row; with 4 or 8 rows prefetched per group, 31 and 33 also leave a
-    partial group) and at the training token count."""
+def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, past_chunk, rng, seed):
+    """The one-pass backward around its chunk of T rows (T = 32, or 64 for wide rows: a chunk
+    one row short, exactly one, a second chunk of one row; with 4 or 8 rows prefetched per
+    group, T - 1 and T + 1 also leave a partial group) and at the training token count (None)."""
     from tvmnorm.compute.norms import rows_per_partial
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
-    assert rows_per_partial(key, "cuda") == 32, "the row counts above are chosen around T"
+    rows = 16384 if past_chunk is None else rows_per_partial(key, "cuda") + past_chunk
     run_and_check(cuda_kernels, key, rows, rng, seed)
 
 

@@ -50,6 +50,10 @@ ROWS_PER_PARTIAL_ATTR = "tvmnorm.rows_per_partial"
 ROWS_PER_GROUP_ATTR = "tvmnorm.rows_per_group"
 
 
+# The narrowest rows whose CUDA backward chunks T = 64 rows by default (rows_per_partial).
+CUDA_WIDE_ROWS = 2560
+
+
 def rows_per_partial(key: NormKey, kind: str) -> int:
     """T, the rows summed into one dgamma/dbeta partial row by the fused dx kernel (static, so
     the row loop can be split by it: a symbolic split factor is refused).
@@ -65,17 +69,21 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
       like the other row kernels' tasks) up to 1024 rows, so a million 8-wide rows make ~1000
       partials, not 16000 (finalize is serial per column on the CPU).
     cuda: a chunk is walked serially by one group of threads (a block, or one threadIdx.y lane
-      of it), so T trades partial traffic against parallelism. T = 32 by default: the partials
-      are 4% of the bf16 traffic for RMSNorm, 8% for LayerNorm, and 16384 tokens still make 512
-      chunks (~4 per SM, each with a whole row of loads in flight). Narrow rows do not get a
-      longer T, unlike llvm: their parallelism is the number of chunks in flight, already short
-      at 512. The tuner also tries the other CUDA_CHUNK_ROWS, and a record keeps its T.
+      of it), so T trades partial traffic against parallelism. T = 32 below CUDA_WIDE_ROWS: the
+      partials are 4% of the bf16 traffic for RMSNorm, 8% for LayerNorm, and 16384 tokens still
+      make 512 chunks (~4 per SM, each with a whole row of loads in flight). Wide rows take 64:
+      their blocks are large enough that 256 chunks still fill the SMs, and halving the
+      partials' traffic won there (the default rule's backward at T = 64 against 32 on the H200,
+      bench/results/h200-run15/bwd-parts.json: 1.03-1.14x at 2560-8192 but layernorm 4096,
+      0.98x; 0.65-0.80x at 512-2048). Narrow rows do not get a longer T, unlike llvm: their
+      parallelism is the number of chunks in flight. The tuner also tries the other
+      CUDA_CHUNK_ROWS, and a record keeps its T.
     """
     if kind not in KINDS:
         raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
     h = key.hidden_size
     if kind == "cuda":
-        return 32
+        return 64 if h >= CUDA_WIDE_ROWS else 32
     t = 64
     while t < 1024 and t * h < 16384:
         t *= 2

@@ -180,12 +180,18 @@ def _fp8_scale(scale, device):
     return scale.reshape(1).to(device=device, dtype=torch.float32).contiguous()
 
 
+def _amax_out(rows: int, device):
+    """amax's output: written by the amax kernels of a call with rows, so only a call of no
+    rows, which launches nothing, needs the fill kernel of torch.zeros."""
+    return (torch.empty if rows else torch.zeros)((1,), dtype=torch.float32, device=device)
+
+
 def rms_fwd_fp8(x2, w, scale, eps: float, zc: bool, fp8_dtype):
     rows, hidden = x2.shape
     y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
     rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
-    amax = torch.zeros((1,), dtype=torch.float32, device=x2.device)
-    if rows:  # no rows, no kernel: amax of nothing is 0 (the first core left it unwritten)
+    amax = _amax_out(rows, x2.device)
+    if rows:
         kernel("rmsnorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
             x2, w, _fp8_scale(scale, x2.device), y, rs, amax, eps=eps)
     return y, amax
@@ -196,7 +202,7 @@ def ln_fwd_fp8(x2, w, b, scale, eps: float, zc: bool, fp8_dtype):
     y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
     mu = torch.empty((rows,), dtype=torch.float32, device=x2.device)
     rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
-    amax = torch.zeros((1,), dtype=torch.float32, device=x2.device)
+    amax = _amax_out(rows, x2.device)
     if rows:
         kernel("layernorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
             x2, w, b, _fp8_scale(scale, x2.device), y, mu, rs, amax, eps=eps)
