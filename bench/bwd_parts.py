@@ -13,7 +13,7 @@ per row x rows per group x groups in flight (sched.rows._cuda_pipeline; 0 keeps 
 value; a fourth field 32 compiles it with an int32 row count, the index width a tuning candidate
 gets), each checked against the library's dx and partials (run it with a library of default
 schedules). With --chunk-rows 32,64 it also times the whole call under the default rule with
-chunks of each T (the default's T is compute.norms.rows_per_partial's 32), checked against the
+chunks of each T (the default's own T is compute.norms.rows_per_partial's), checked against the
 library's call.
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
         r["finalize_variants"][f"{columns}x{lanes}x{unroll}"] = {"us": probe_us(lambda: fin(part, *got)),
                                                                 "rel_err": rel_err(got, want)}
     r["default_T"] = {}
-    if chunk_rows:  # the whole call against the library's (run with a --no-tuned library: T = 32)
+    if chunk_rows:  # the whole call against the library's (a --no-tuned library: the default's T)
         k(dy, x, *stats, gamma, dx, *grads)
         want = [dx.float()] + [g.float() for g in grads]
     for t in chunk_rows:

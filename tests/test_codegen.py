@@ -280,7 +280,8 @@ def test_dx_walks_whole_chunks_without_row_guards(norm, stage, hidden, threads, 
     # take one version (the row sums' barriers); a pipelined walk leaves its last groups to the
     # loop's epilogue
     last = re.fullmatch(r"\(+\(int64_t\)blockIdx\.x\) \* \(int64_t\)(\d+)\) \+ \(int64_t\)(\d+)\)", test[1])
-    per_block = 32 * cfg.rows
+    from tvmnorm.compute.norms import rows_per_partial
+    per_block = rows_per_partial(key, "cuda") * cfg.rows
     assert last and int(last[1]) == per_block, test[1]
     assert int(last[2]) == per_block - 1 or stages > 1 and int(last[2]) < per_block - 1, test[1]
     fast = body[test.end():body.index("} else {", test.end())]

@@ -46,7 +46,17 @@ def cuda_kernels():
 
 
 def run_and_check(kernels, key, rows, rng, seed):
-    return check_on(kernels, key, rows, rng, seed, device="cuda")
+    return check_on(kernels, key, at_chunk(key, rows), rng, seed, device="cuda")
+
+
+def at_chunk(key, rows):
+    """``rows``, where "T-1", "T" or "T+1" is counted from the key's default chunk of T rows
+    (compute.norms.rows_per_partial: 32, or 64 for wide rows), so that a test meets the chunk's
+    edges at every width."""
+    if not isinstance(rows, str):
+        return rows
+    from tvmnorm.compute.norms import rows_per_partial
+    return rows_per_partial(key, "cuda") + {"T-1": -1, "T": 0, "T+1": 1}[rows]
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -174,22 +184,20 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
     run_and_check(cuda_kernels, key, 2_000_003, rng, seed)
 
 
-@pytest.mark.parametrize("past_chunk", (-1, 0, 1, None))
+@pytest.mark.parametrize("rows", ("T-1", "T", "T+1", 16384))
 @pytest.mark.parametrize("hidden", (128, 1000, 4095, 7168))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
-def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, past_chunk, rng, seed):
+def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
     """The one-pass backward around its chunk of T rows (T = 32, or 64 for wide rows: a chunk
     one row short, exactly one, a second chunk of one row; with 4 or 8 rows prefetched per
-    group, T - 1 and T + 1 also leave a partial group) and at the training token count (None)."""
-    from tvmnorm.compute.norms import rows_per_partial
+    group, T - 1 and T + 1 also leave a partial group) and at the training token count."""
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
-    rows = 16384 if past_chunk is None else rows_per_partial(key, "cuda") + past_chunk
     run_and_check(cuda_kernels, key, rows, rng, seed)
 
 
-@pytest.mark.parametrize("rows", (31, 4097))
+@pytest.mark.parametrize("rows", ("T-1", 4097))
 @pytest.mark.parametrize("norm,dtype,hidden,threads,vec,prefetch,stages", [
     ("layernorm", "bf16", 8192, 512, 8, 1, 2), ("rmsnorm", "bf16", 7168, 256, 8, 1, 3),
     ("layernorm", "fp32", 1000, 128, 4, 2, 2), ("rmsnorm", "fp16", 4095, 1024, 1, 4, 2),
@@ -197,7 +205,7 @@ def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, past_c
 def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, rows, rng, seed):
     """The software-pipelined dx (the next `stages` - 1 groups of `prefetch` rows load while one
     computes; bench/bwd_parts.py --stages times it): right against float64 with a chunk one row
-    short of T = 32 and a last chunk of one row, odd widths with a column tail, several chunk
+    short of T and a last chunk of one row, odd widths with a column tail, several chunk
     lanes per block."""
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
@@ -206,7 +214,7 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
-@pytest.mark.parametrize("rows", (31, 4097))
+@pytest.mark.parametrize("rows", ("T-1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,min_blocks", [
     ("layernorm", "bwd", "bf16", 8192, 512, 8, 2), ("layernorm", "bwd", "bf16", 7168, 896, 8, 2),
     ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4), ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 3),
@@ -223,7 +231,7 @@ def test_cuda_dx_under_a_register_cap(norm, stage, dtype, hidden, threads, vec, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
-@pytest.mark.parametrize("rows", (1, 31, 32, 33, 4097, 16384))
+@pytest.mark.parametrize("rows", (1, "T-1", "T", "T+1", 4097, 16384))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,prefetch,stages,min_blocks", [
     ("layernorm", "bwd", "bf16", 8192, 512, 4, 2, 1, 1), ("layernorm", "bwd", "bf16", 7168, 448, 8, 1, 2, 1),
     ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 2, 1, 2), ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 2, 2, 1),
@@ -232,7 +240,7 @@ def test_cuda_dx_walking_whole_chunks(norm, stage, dtype, hidden, threads, vec, 
                                       rng, seed):
     """The dx kernel whose walk over a chunk comes without row guards where all its rows are in
     bounds (full_chunks, _tvm.FULL_CHUNK), and guarded for the last chunk: right against float64
-    with one row, a chunk one row short of T = 32, exactly T, one past it, a last chunk of one
+    with one row, a chunk one row short of T, exactly T, one past it, a last chunk of one
     row and whole chunks only, pipelined, under a register cap, with a column tail and bwd_add."""
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
@@ -242,7 +250,7 @@ def test_cuda_dx_walking_whole_chunks(norm, stage, dtype, hidden, threads, vec, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
-@pytest.mark.parametrize("rows", (1, 31, 33, 4097))
+@pytest.mark.parametrize("rows", (1, "T-1", "T+1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,group", [
     ("layernorm", "bwd", "bf16", 7168, 448, 8, 2), ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4),
     ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 2), ("rmsnorm", "bwd_add", "fp16", 4095, 1024, 1, 2),
@@ -251,7 +259,7 @@ def test_cuda_dx_walking_whole_chunks(norm, stage, dtype, hidden, threads, vec, 
 def test_cuda_grouped_dx(norm, stage, dtype, hidden, threads, vec, group, rows, rng, seed):
     """The dx kernel whose row sums are one reduction per group of P rows (one allreduce of P
     rows' sums: compute.norms._group_sums): right against float64 with one row, a chunk one row
-    short of T = 32 (a last group short of P rows), a second chunk of one row, odd widths with a
+    short of T (a last group short of P rows), a second chunk of one row, odd widths with a
     column tail, several chunk lanes per block, and bwd_add."""
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
