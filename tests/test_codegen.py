@@ -292,6 +292,30 @@ def test_dx_walks_whole_chunks_without_row_guards(norm, stage, hidden, threads, 
     assert guarded.count("< n") - 4 <= rest.count("< n") + body[:test.start()].count("< n") <= guarded.count("< n")
 
 
+@pytest.mark.parametrize("norm,hidden,threads,prefetch", [("layernorm", 7168, 448, 1), ("rmsnorm", 1024, 128, 2)])
+def test_tuning_candidates_walk_whole_chunks_as_the_library_does(norm, hidden, threads, prefetch):
+    """A tuning candidate has a static row count (tune.tuning_func), so its row guards compare
+    with a constant: full_chunks versions its walk all the same (_tvm.STATIC_ROWS_ATTR), as it
+    does the library's symbolic-row kernel. It did not, and the tuner timed one guarded walk
+    where the library ran two copies (layernorm bwd 7168: 272 us as a candidate, 379 us in the
+    library, which spilled under the point's register cap)."""
+    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+    from tvmnorm.tune import tuning_func, tune_rows
+    key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=8, prefetch=prefetch, full_chunks=1)
+    rows = tune_rows(key, "cuda")
+    sch = schedule_rows_cuda(tuning_func(key, "dx", rows, "cuda"), cfg)
+    funcs = {"cand_dx": sch.mod["main"].with_attr("global_symbol", "cand_dx").with_attr("tirx.is_scheduled", True)}
+    body = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "dx")
+    walks = re.findall(r"for \(int(?:64_t)? \w+ = ", body)
+    assert len(walks) == 2, f"{len(walks)} copies of the walk"
+    # the test of the chunk's last row (which TVM's simplifier may fold into a bound on blockIdx)
+    test = re.search(r"if \((.*)\) \{\n\s*for \(int", body)
+    assert test, "no test before the walk"
+    fast, rest = body[test.end():body.index("} else {", test.end())], body[body.index("} else {", test.end()):]
+    assert f"< {rows})" not in fast and "dy_ptr" in fast and f"< {rows})" in rest
+
+
 @pytest.mark.parametrize("key,threads,rows,vec,keep", [
     (NormKey(hidden_size=128), 16, 8, 8, True), (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024), 64, 4, 8, True),
     (NormKey(norm="layernorm", hidden_size=1000), 32, 4, 4, False), (NormKey(hidden_size=4096), 512, 1, 8, True)],

@@ -85,13 +85,14 @@ def tuning_func(key: NormKey, part: str, rows: int, kind: str, chunk_rows: int |
     library runs int32-row kernels wherever a call fits (before it did, retunes that won in
     tuning lost in the library: rmsnorm bwd 5120, 177 us as a candidate, 242 us there)."""
     from . import compute
-    from ._tvm import tirx
+    from ._tvm import STATIC_ROWS_ATTR, tirx
     n = tirx.const(rows, "int64") if kind == "cuda" else rows
     func = compute.kernel_funcs(key, kind, rows=n, chunk_rows=chunk_rows)[part]
     eps = [p for p in func.params if p.name == "eps"]
     if eps:
         func = func.specialize({eps[0]: 1e-6})
-    return func.with_attr("global_symbol", "main")
+    # its row guards compare with this count: full_chunks versions the walk as in the library
+    return func.with_attr("global_symbol", "main").with_attr(STATIC_ROWS_ATTR, rows)
 
 
 def _bar(i, n, t0, label):
