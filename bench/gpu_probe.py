@@ -11,7 +11,8 @@ sets it and flipped, the earlier rule (cuda_row_heuristic: x loaded by each stag
 variant of the space (sched.space.fwd_kept_variants) with the rows per block cuda_row_heuristic
 gives its thread count; each of them also with one barrier a row sum (+ws: warp_sums) where
 that applies, and those of several rows a block also computing a block whose rows are all in
-bounds without row guards (+fc: full_chunks). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
+bounds without row guards (+fc: full_chunks); and every kept point of rows of several warps again
+with its weights loaded with x, before the row sums' barriers (+ew: early_weights). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
 alone, which with the library's whole call shows what the amax kernels cost, and the forward
 with amax's two stages (``library-amax-two-stage``: the call before amax_one served up to
@@ -39,7 +40,7 @@ from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.rows import warp_sums_problem
-from tvmnorm.sched.space import fwd_kept_variants
+from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants
 from tvmnorm.shapes import hidden_sizes, train_rows
 
 
@@ -55,7 +56,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
     if not key.fp8_out:
         out["default-flipped"] = dataclasses.replace(base, keep_row=not base.keep_row, keep_y=False)
         out["loaded-per-stage"] = cuda_row_heuristic(key.hidden_size, 2)
-    for threads, vec, keep_y, ws in fwd_kept_variants(key) if variants else ():
+    for threads, vec, keep_y, ws, early in fwd_kept_variants(key) if variants else ():
+        if early:
+            continue  # every kept point comes with +ew below
         rows = 1 if ws else cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
         name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "") + ("+ws" if ws else "")
         out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -66,6 +69,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
     # and blocks of several rows computed without row guards where all their rows are in bounds
     out.update({f"{name}+fc": dataclasses.replace(cfg, full_chunks=1) for name, cfg in list(out.items())
                 if cfg.rows > 1})
+    # and the kept points of rows with barriers with their weights loaded before those (+ew)
+    out.update({f"{name}+ew": dataclasses.replace(cfg, early_weights=True) for name, cfg in list(out.items())
+                if cfg.keep_row and cfg.threads >= EARLY_WEIGHTS_THREADS})
     return out
 
 

@@ -385,6 +385,42 @@ def test_warp_sums_take_one_barrier_a_row_sum(norm, otype, hidden, threads, vec,
                      r"\(int64_t\)1\) \{\s*$", after[:store].rstrip()[-200:] + "\n"), after[store - 300:store]
 
 
+@pytest.mark.parametrize("norm,otype,hidden,threads,rows,vec,extra", [
+    ("rmsnorm", "bf16", 8192, 512, 2, 8, {}), ("layernorm", "bf16", 1000, 128, 2, 4, {}),
+    ("rmsnorm", "bf16", 7168, 896, 1, 8, {"warp_sums": True}), ("layernorm", "fp8e4m3", 4096, 512, 1, 8, {}),
+    ("layernorm", "fp8e4m3", 4096, 256, 1, 8, {"keep_y": True}), ("layernorm", "bf16", 2048, 64, 2, 8, {"full_chunks": 1})])
+def test_early_weights_load_before_the_row_sums(norm, otype, hidden, threads, rows, vec, extra):
+    """early_weights: the weights (gamma, and layernorm's beta) are loaded into registers with x,
+    before the first barrier of the row sums, and every later stage (y, fp8's amax) reads those
+    registers: no load of them after it. Without it they are loaded only after the sums."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    base = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, **extra)
+    weights = ("gamma", "beta") if norm == "layernorm" else ("gamma",)
+    for early in (False, True):
+        body = kernel(cuda_source(key, row_config=dataclasses.replace(base, early_weights=early)), "fwd")
+        # with full_chunks the row appears twice (unguarded, then guarded): each copy's first barrier
+        copies = body.split("} else {") if extra.get("full_chunks") else [body]
+        assert len(copies) == (2 if extra.get("full_chunks") else 1)
+        for copy in copies:
+            barrier = copy.index("__syncthreads")
+            for w in weights:
+                loads = [m.start() for m in re.finditer(rf"\b{w}_ptr \+", copy)]
+                assert loads, f"no vector load of {w}"
+                assert all((at < barrier) == early for at in loads), (w, early)
+            assert copy.index("x_ptr +") < barrier
+
+
+def test_early_weights_are_a_kept_forward_schedule():
+    from tvmnorm.build import scheduled_funcs
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="early_weights needs keep_row"):
+        CudaRowConfig(threads=256, vec=8, early_weights=True)
+    with pytest.raises(ValueError, match="forward schedules"):
+        scheduled_funcs(NormKey(stage="bwd", hidden_size=1024), "cuda",
+                        row_config=CudaRowConfig(threads=128, vec=8, keep_row=True, early_weights=True))
+
+
 def test_warp_sums_apply_where_they_can():
     from tvmnorm.build import scheduled_funcs
     from tvmnorm.sched.rows import CudaRowConfig
@@ -565,9 +601,9 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     from tvmnorm.sched.space import fwd_kept_variants
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     assert "fwd_kernel" in cuda_source(key)
-    for threads, vec, keep_y, warp_sums in fwd_kept_variants(key):
+    for threads, vec, keep_y, warp_sums, early_weights in fwd_kept_variants(key):
         cfg = CudaRowConfig(threads=threads, rows=1 if warp_sums else max(1, 128 // threads), vec=vec, keep_row=True,
-                            keep_y=keep_y, warp_sums=warp_sums)
+                            keep_y=keep_y, warp_sums=warp_sums, early_weights=early_weights)
         cuda_source(key, row_config=cfg)
 
 

@@ -288,6 +288,26 @@ def test_cuda_fwd_warp_sums(norm, dtype, otype, hidden, threads, vec, keep, rows
 
 
 @pytest.mark.parametrize("rows", (1, 33, 4097))
+@pytest.mark.parametrize("norm,dtype,otype,hidden,cfg", [
+    ("rmsnorm", "bf16", "bf16", 8192, dict(threads=512, rows=2, vec=8)),
+    ("layernorm", "bf16", "bf16", 1000, dict(threads=128, rows=2, vec=4)),
+    ("rmsnorm", "bf16", "bf16", 7168, dict(threads=896, vec=8, warp_sums=True)),
+    ("layernorm", "bf16", "fp8e4m3", 4096, dict(threads=512, vec=8)),
+    ("layernorm", "bf16", "fp8e4m3", 4096, dict(threads=256, vec=8, keep_y=True)),
+    ("layernorm", "fp16", "fp16", 2048, dict(threads=64, rows=2, vec=8, full_chunks=1)),
+    ("rmsnorm", "fp32", "fp32", 4095, dict(threads=1024, vec=1))])
+def test_cuda_fwd_early_weights(norm, dtype, otype, hidden, cfg, rows, rng, seed):
+    """The kept-row forward with its weights loaded with x, before the row sums' barriers
+    (early_weights): right against float64 with one row, partial last blocks, a column tail
+    (1000, 4095), one barrier a row sum, fp8 with y recomputed or kept, and whole blocks
+    without row guards."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="fwd", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
+    kernel = variant_kernel(key, "cuda", CudaRowConfig(keep_row=True, early_weights=True, **cfg))
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (1, 33, 4097))
 @pytest.mark.parametrize("norm,stage,dtype,otype,hidden,cfg", [
     ("rmsnorm", "fwd", "bf16", "bf16", 7168, dict(threads=512, vec=4, keep_row=True, stream=1)),
     ("layernorm", "fwd", "bf16", "fp8e4m3", 4096, dict(threads=512, vec=8, keep_row=True, keep_y=True, stream=2)),

@@ -666,9 +666,12 @@ def test_fused_variants_add_warp_multiples_that_split_the_row_evenly():
     assert {(224, 8), (448, 8), (896, 8), (512, 8), (256, 8), (448, 4), (896, 4)} <= threads
     # the forward keeps them for its warp_sums variants (which need an even split) alone
     kept = fwd_kept_variants(NormKey(hidden_size=7168))
-    assert all(t & (t - 1) == 0 for t, _, _, ws in kept if not ws)
-    assert {(t, v) for t, v, _, ws in kept if ws} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4), (256, 4),
-                                                      (448, 4), (896, 4)}
+    assert all(t & (t - 1) == 0 for t, _, _, ws, _ in kept if not ws)
+    assert {(t, v) for t, v, _, ws, _ in kept if ws} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4), (256, 4),
+                                                         (448, 4), (896, 4)}
+    # each of rows with barriers (64 threads or more) again with its weights loaded before them
+    assert {v[:4] for v in kept if v[4]} == {v[:4] for v in kept if v[0] >= 64}
+    assert all(not v[4] for v in fwd_kept_variants(NormKey(hidden_size=128)))
     assert {v[0] for v in fused_cuda_variants(NormKey(stage="bwd", hidden_size=4095))} == {1024}
 
 

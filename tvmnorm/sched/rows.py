@@ -56,6 +56,8 @@ class CudaRowConfig:
     warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
                               # sums then added by every thread from shared memory: one barrier
                               # a reduction instead of two (_warp_sums); threads in whole warps
+    early_weights: bool = False  # fwd with keep_row only: gamma (and beta) loaded into registers
+                              # with x, before the row sums' barriers, instead of after them
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -68,6 +70,8 @@ class CudaRowConfig:
             raise ValueError(f"stream must be 0 (no hint), 1 (loads) or 2 (loads and stores), got {self.stream}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
+        if self.early_weights and not self.keep_row:
+            raise ValueError("early_weights needs keep_row: the weights' registers share the kept row's layout")
         if self.warp_sums and isinstance(self.threads, int) and isinstance(self.rows, int):
             problem = warp_sums_problem(self.threads, self.rows, self.vec)
             if problem:
@@ -247,6 +251,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     # the row operands loaded once into registers that every stage reads: the stages' loops
     # then index registers (constant indices, fully unrolled)
     kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
+    if part is None and cfg.early_weights:
+        kept = WEIGHT_OPERANDS + kept
     y_stage = _named_block(sch, FP8_Y_STAGE)
     if y_stage is not None and not cfg.keep_y:
         sch.compute_inline(y_stage)  # recomputed by the store and by amax
@@ -260,8 +266,9 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         blocks = _gather_under(sch, anchor, ty)
         depth = 2
         _annotate_row_loop(sch, ty, cfg)
-    elif cfg.warp_sums:
-        raise ValueError("warp_sums is a forward schedule; the dx kernel keeps one allreduce per row")
+    elif cfg.warp_sums or cfg.early_weights:
+        raise ValueError("warp_sums and early_weights are forward schedules; the dx kernel keeps one allreduce "
+                         "per row and reads gamma before its first")
     else:
         blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
         grouped = _rows_per_group(sch)
@@ -460,19 +467,33 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
 
     Forward (``keep_row``, ``loop`` is the row's): x, read by the reductions, the output and
     fp8's amax, which otherwise each load it again (from L1 or L2 after the first), as
-    torch.compile's persistent reduction keeps the whole row in registers."""
+    torch.compile's persistent reduction keeps the whole row in registers.
+
+    With ``early_weights`` the operands start with the forward's weights (gamma, beta: one
+    row's worth, the same for every row), and every load goes to the top of the row, the
+    weights' too: compute_at alone puts a load right before its first reader, which for the
+    weights is the output stage, after the row sums' barriers, so each block waited on them
+    (from L2) once its sums were done. torch.compile's and Liger's forwards load the weight
+    with x, before the sum."""
     layout = _thread_layout(cfg, rows=rows)
     root = sch.get_sblock("root")
     for name in operands:
         readers = [b for b in sch.get_child_blocks(root)
                    if any(r.source.name == name for r in sch.get(b).reads)]
+        if not readers:
+            continue  # rmsnorm has no beta
         idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
         cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
-        sch.compute_at(cache, loop, preserve_unit_loops=True)
-        row, cols = sch.get_loops(cache)[-2:]
-        o, lanes, v = _thread_columns(sch, cols, cfg)
-        sch.reorder(*lanes, row, o, v)
-        sch.unroll(row)
+        # no producers: -2 is the top of the row loop, and the later operands go before the earlier
+        sch.compute_at(cache, loop, preserve_unit_loops=True, index=-2 if cfg.early_weights else -1)
+        if name in WEIGHT_OPERANDS:
+            o, lanes, v = _thread_columns(sch, sch.get_loops(cache)[-1], cfg)
+            sch.reorder(*lanes, o, v)
+        else:
+            row, cols = sch.get_loops(cache)[-2:]
+            o, lanes, v = _thread_columns(sch, cols, cfg)
+            sch.reorder(*lanes, row, o, v)
+            sch.unroll(row)
         sch.unroll(o)
         sch.vectorize(v)
         sch.transform_layout(cache, ("write", 0), layout, assume_injective_transform=True)

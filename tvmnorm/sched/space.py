@@ -40,7 +40,8 @@ the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) a
 chunks are walked without row guards (``full_chunks``) are sampled within it, and in every
 CUDA space whether rows are loaded evict-first (``stream``). The kept-row
 forward variants come again with one barrier a row sum (``warp_sums``) where the row splits
-evenly over whole warps.
+evenly over whole warps, and, where a row's sums take barriers, with the weights loaded with x
+before them (``early_weights``).
 """
 from __future__ import annotations
 
@@ -108,9 +109,10 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     structural variant of the fused dx kernel: they decide the register layout of its row
     operands and partial sums (a constant of the trace, see _thread_layout) and the software
     pipeline over its rows, and its loops over registers are unrolled whatever the unroll knob,
-    so only rows per block is sampled there. ``kept`` = (threads, vec, keep_y, warp_sums) makes
-    it a forward variant that keeps the row of x (and fp8's y) in registers (``keep_row``), for
-    the same reasons structural, and warp_sums changes the thread layout (lanes and warps)."""
+    so only rows per block is sampled there. ``kept`` = (threads, vec, keep_y, warp_sums,
+    early_weights) makes it a forward variant that keeps the row of x (and fp8's y) in registers
+    (``keep_row``), for the same reasons structural, and warp_sums changes the thread layout
+    (lanes and warps), early_weights where the weights' loads go (a compute_at position)."""
     def space(sch):
         # sampled even where there is one choice (warp_sums: one row a block): a trace that samples
         # nothing is the default rule's (tune.is_default_trace)
@@ -121,9 +123,9 @@ def cuda_space(key: NormKey, fused=None, kept=None):
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
                                 full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
-            threads, vec, keep_y, warp_sums = kept
+            threads, vec, keep_y, warp_sums, early_weights = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
-                                warp_sums=warp_sums,
+                                warp_sums=warp_sums, early_weights=early_weights,
                                 full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
@@ -239,12 +241,16 @@ def fused_cuda_variants(key: NormKey) -> list:
     return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1)]
 
 
+# The thread counts from which a row sum takes barriers (TVM's allreduce over several warps),
+# and so the kept-row forward also comes with its weights loaded before them (early_weights):
+# within one warp the sum is shuffles, which do not stop nvcc from issuing the loads early.
+EARLY_WEIGHTS_THREADS = 64
 # Vectors of x one thread of a kept-row forward holds (FWD_KEPT_VECTORS * 16 bytes: 32 registers).
 FWD_KEPT_VECTORS = 8
 
 
 def fwd_kept_variants(key: NormKey) -> list:
-    """(threads, vec, keep_y, warp_sums) of the forward that keeps its row of x in registers:
+    """(threads, vec, keep_y, warp_sums, early_weights) of the forward that keeps its row of x in registers:
     the two widest vector widths, and thread counts that give every thread 1 to
     FWD_KEPT_VECTORS vectors of the row and leave none without one (with idle threads,
     layernorm at hidden 1 failed to build: TVM mixed int32 and int64 bounds). With fp8 output
@@ -252,7 +258,10 @@ def fwd_kept_variants(key: NormKey) -> list:
     amax: the registers are fp32, twice or four times those of x, so which wins depends on the
     block. Each variant whose rows take it (rows.warp_sums_problem) comes again with one barrier
     a row sum (warp_sums), and so do the warp multiples that split the row evenly
-    (exact_thread_counts), which warp_sums needs: at 7168 no power of two times 16 bytes does."""
+    (exact_thread_counts), which warp_sums needs: at 7168 no power of two times 16 bytes does.
+    Each variant of rows of several warps, whose row sums wait at barriers, comes again with
+    the weights loaded with x before them (early_weights): the registers they take (as many as
+    x's, twice that for layernorm) may cost more warps than the wait after the barrier."""
     h = key.hidden_size
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
@@ -262,8 +271,9 @@ def fwd_kept_variants(key: NormKey) -> list:
             if not (1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h):
                 continue
             sums = [False] * (threads not in exact) + [True] * (warp_sums_problem(threads, 1, vec, h) is None)
-            out += [(threads, vec, keep_y, ws) for ws in sums
-                    for keep_y in ((False, True) if key.fp8_out else (False,))]
+            out += [(threads, vec, keep_y, ws, early) for ws in sums
+                    for keep_y in ((False, True) if key.fp8_out else (False,))
+                    for early in ((False, True) if threads >= EARLY_WEIGHTS_THREADS else (False,))]
     return out
 
 
