@@ -66,10 +66,8 @@ def default_at(key, t: int):
     """The key's whole backward under the default rule with chunks of ``t`` rows (a record of
     no traces and T = t, as tune.default_record writes where the default's schedule won),
     compiled on its own."""
-    from tvmnorm.build import compile_funcs, key_funcs
-    from tvmnorm.runtime import _kernel_from_module
-    funcs = key_funcs(key, "cuda", {"rows_per_partial": t})
-    return _kernel_from_module(key, "cuda", compile_funcs(funcs, "cuda").mod, False, f"default-T{t}", t)
+    from tvmnorm.runtime import record_kernel
+    return record_kernel(key, "cuda", {"rows_per_partial": t}, f"default-T{t}")
 
 
 def rel_err(got, want) -> float:

@@ -294,6 +294,21 @@ def test_variant_kernel_runs_a_point_of_the_space(stage, rng, seed):
         check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} rows={rows} seed={seed}")
 
 
+def test_record_kernel_compiles_what_a_library_holds_for_a_record(rng, seed):
+    """record_kernel: a record of no traces and T rows per partial is the default rule at chunks
+    of T (tune.default_record), compiled in this process with the T the runtime sizes partials
+    by (bench/bwd_parts.py times such kernels). Right against float64."""
+    from tvmnorm.runtime import partials, record_kernel
+    key = NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=96)
+    kernel = record_kernel(key, "llvm", {"rows_per_partial": 16}, "default-T16")
+    assert (kernel.chunk_rows, kernel.origin, kernel.tuned) == (16, "default-T16", False)
+    assert partials(33, key, "llvm", kernel.chunk_rows) == 3
+    for rows in (1, 33):
+        inputs = make_inputs(key, rows, rng)
+        check_outputs(key, inputs, call(kernel, inputs, rows), f"{key.name} T=16 rows={rows} seed={seed}")
+    assert record_kernel(NormKey(hidden_size=96, itype="fp32", wtype="fp32", otype="fp32"), "llvm", None).chunk_rows is None
+
+
 def test_llvm_point_that_does_not_divide_the_row_is_refused():
     """A CPU point whose vector lanes x accumulators (or output step) leave a tail of the row
     (space.llvm_choices never draws one) is refused by name: it computed wrong sums silently

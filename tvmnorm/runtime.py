@@ -256,6 +256,16 @@ def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64,
                                chunk_rows_of(funcs), row_bits=row_bits)
 
 
+def record_kernel(key: NormKey, kind: str, record: dict | None, origin: str = "record") -> NormKernel:
+    """The key's kernels as a library holds them for ``record`` (build.key_funcs: on CUDA the
+    int32-row copies too; a record of no traces and ``rows_per_partial`` T is the default rule
+    at chunks of T, as tune.default_record writes), compiled in this process: the probes time
+    what a library would serve without building one."""
+    funcs = key_funcs(key, kind, record)
+    return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, bool(record and record.get("parts")),
+                               origin, chunk_rows_of(funcs))
+
+
 def _elf_problem(path) -> str | None:
     """Why ``path`` is not a whole ELF shared object, or None. dlopen of a truncated .so whose
     headers survive maps segments past the end of the file and dies of SIGBUS on first touch,
