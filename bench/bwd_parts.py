@@ -18,18 +18,17 @@ library's call.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
+from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, probe_us
 from tvmnorm.compute.norms import combined_partials
 from tvmnorm.runtime import REGISTRY, partials
 from tvmnorm.sched.default import FINALIZE_UNROLL
-from tvmnorm.shapes import hidden_sizes, train_rows
+from tvmnorm.shapes import train_rows
 
 
 def finalize_variant(key, columns: int, lanes: int, unroll: int):
@@ -132,10 +131,7 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
-    ap.add_argument("--norms", default="rmsnorm,layernorm")
+    ap = probe_parser()
     ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], "
                     "e.g. 8x64,16x32x8 (unroll: sched.default.FINALIZE_UNROLL unless given)")
     ap.add_argument("--dx", default="", help="the default dx with THREADSxPREFETCHxSTAGES[xBITS[xGROUP[xMINB[xFULL]]]] "

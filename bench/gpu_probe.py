@@ -24,7 +24,6 @@ torch.compile loads it) and y also stored so (``+stream2``). Writes probe.json.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -35,13 +34,13 @@ import torch
 from tvmnorm import NormKey
 from tvmnorm.compute.norms import amax_partials
 from tvmnorm.key import DTYPE_BYTES
-from tvmnorm.bench import copy_roofline, probe_meta, probe_timer, probe_us
+from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.rows import warp_sums_problem
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants
-from tvmnorm.shapes import hidden_sizes, train_rows
+from tvmnorm.shapes import train_rows
 
 
 def points(key: NormKey, variants: bool = True) -> dict:
@@ -147,10 +146,7 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
-    ap.add_argument("--norms", default="rmsnorm,layernorm")
+    ap = probe_parser()
     ap.add_argument("--otype", default="bf16", help="bf16, or fp8e4m3 (y and its amax)")
     ap.add_argument("--no-variants", action="store_true", help="only the default rule's points")
     ap.add_argument("--library-only", action="store_true",

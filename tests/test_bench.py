@@ -313,3 +313,15 @@ def test_rounds_time_every_impl_in_turn(monkeypatch, tmp_path):
     assert "--rounds 3" in result["meta"]["repro"]
     with pytest.raises(SystemExit, match="--rounds must be 1 or more"):
         bench.main(FAST + ["--rounds", "0", "--out", str(tmp_path), "--name", "z"])
+
+
+def test_probe_parser_takes_the_probes_shared_arguments(tmp_path):
+    """bench/gpu_probe.py and bench/bwd_parts.py share --out (made if missing: the probes write
+    their JSON there at the end of a device call), --hidden (the catalog's widths by default) and
+    --norms."""
+    from tvmnorm.bench import probe_parser
+    from tvmnorm.shapes import hidden_sizes
+    out = tmp_path / "a" / "b"
+    args = probe_parser().parse_args(["--out", str(out), "--norms", "rmsnorm"])
+    assert out.is_dir() and args.norms == "rmsnorm"
+    assert args.hidden.split(",") == [str(h) for h in hidden_sizes()]

@@ -60,7 +60,7 @@ import warnings
 import zlib
 
 from .key import DTYPE_BYTES, NormKey
-from .shapes import DECODE_ROWS, TRAIN_TOKENS, shape_of
+from .shapes import DECODE_ROWS, TRAIN_TOKENS, hidden_sizes, shape_of
 from .shapes import shapes as catalog_shapes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -561,6 +561,21 @@ def probe_timer() -> Timer:
     """The GPU probes' timer (bench/gpu_probe.py, bench/bwd_parts.py): the bench's CUDA timer,
     made on first use (it imports triton)."""
     return Timer("cuda", warmup_ms=25, rep_ms=100)
+
+
+def probe_parser():
+    """The GPU probes' shared arguments: --out (the folder their JSON goes to; made if missing),
+    --hidden and --norms (the keys they walk, the catalog's widths by default)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".", type=_made_dir)
+    ap.add_argument("--hidden", default=",".join(map(str, hidden_sizes())))
+    ap.add_argument("--norms", default="rmsnorm,layernorm")
+    return ap
+
+
+def _made_dir(path: str) -> str:
+    pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def probe_us(fn) -> float:
