@@ -50,13 +50,15 @@ def run_and_check(kernels, key, rows, rng, seed):
 
 
 def at_chunk(key, rows):
-    """``rows``, where "T-1", "T" or "T+1" is counted from the key's default chunk of T rows
-    (compute.norms.rows_per_partial: 32, or 64 for wide rows), so that a test meets the chunk's
-    edges at every width."""
+    """``rows``, where "T-1", "T" or "T+1" is counted from FULL_GRID_CHUNKS chunks of the key's
+    default T rows (compute.norms.rows_per_partial: 32, or 64 for wide rows): a last chunk one
+    row short, whole, or of one row, at every width, and still run at T (fewer rows take a
+    shorter T: runtime.dx_chunk_rows)."""
     if not isinstance(rows, str):
         return rows
     from tvmnorm.compute.norms import rows_per_partial
-    return rows_per_partial(key, "cuda") + {"T-1": -1, "T": 0, "T+1": 1}[rows]
+    from tvmnorm.runtime import FULL_GRID_CHUNKS
+    return FULL_GRID_CHUNKS * rows_per_partial(key, "cuda") + {"T-1": -1, "T": 0, "T+1": 1}[rows]
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -184,15 +186,17 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
     run_and_check(cuda_kernels, key, 2_000_003, rng, seed)
 
 
-@pytest.mark.parametrize("rows", ("T-1", "T", "T+1", 16384))
+@pytest.mark.parametrize("rows", (7, 127 * 8, 127 * 8 + 1, "T-1", "T", "T+1", 16384))
 @pytest.mark.parametrize("hidden", (128, 1000, 4095, 7168))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
-    """The one-pass backward around its chunk of T rows (T = 32, or 64 for wide rows: a chunk
-    one row short, exactly one, a second chunk of one row; with 4 or 8 rows prefetched per
-    group, T - 1 and T + 1 also leave a partial group) and at the training token count."""
+    """The one-pass backward around its chunk of T rows (T = 32, or 64 for wide rows: a last
+    chunk one row short, whole, of one row; with 4 or 8 rows prefetched per group, T - 1 and
+    T + 1 also leave a partial group), at the training token count, and the small calls that
+    run the dx at shorter chunks (runtime.dx_chunk_rows): one row a chunk (7 and 1016 rows), and
+    chunks of 8 with a last one of one row (1017)."""
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
     run_and_check(cuda_kernels, key, rows, rng, seed)
 

@@ -396,6 +396,44 @@ def test_calls_that_fit_int32_offsets_run_the_int32_row_kernels(stage):
         assert kernel.forward_for(first_wide - 1) is narrow["fwd"] and kernel.forward_for(first_wide) is wide["fwd"]
 
 
+def test_backward_calls_take_chunks_that_fill_the_grid():
+    """A backward call runs its dx at the longest T (the key's own, or a shorter one its kernel
+    holds) that still cuts it into FULL_GRID_CHUNKS chunks, else at the shortest: with the key's
+    T = 64 a call of 64 rows was one block walking 64 rows (124.7 us against torch eager's 24.1 on
+    the H200). Calls past int32 offsets keep the key's T (the shorter kernels have int32 rows)."""
+    from tvmnorm.build import SMALL_DX_CHUNK_ROWS
+    from tvmnorm.runtime import FULL_GRID_CHUNKS, NormKernel, dx_chunk_rows, fits_int32
+    assert SMALL_DX_CHUNK_ROWS == (1, 8) and FULL_GRID_CHUNKS == 128
+    assert [dx_chunk_rows(r, 64) for r in (16384, 127 * 64 + 1, 127 * 64, 1024, 127 * 8, 64, 1)] == [64, 64, 8, 8, 1, 1, 1]
+    assert [dx_chunk_rows(r, 32) for r in (4096, 127 * 32, 1024, 127 * 8 + 1, 127 * 8)] == [32, 8, 8, 8, 1]
+    assert dx_chunk_rows(5, 32, ()) == 32 and dx_chunk_rows(5, 8, (1, 8)) == 1 and dx_chunk_rows(2048, 16) == 16
+    key = NormKey(stage="bwd", hidden_size=4096)
+    main, narrow, short = {"dx": object(), "finalize": object()}, {"dx": object()}, {1: object(), 8: object()}
+    kernel = NormKernel(key, "cuda", main, True, "test", chunk_rows=64, narrow=narrow, small_dx=short)
+    assert kernel.dx_for(16384) == (64, narrow["dx"])
+    assert kernel.dx_for(4096) == (8, short[8]) and kernel.dx_for(300) == (1, short[1])
+    wide = (1 << 31) // 4096
+    assert not fits_int32(wide, 4096) and kernel.dx_for(wide) == (64, main["dx"])
+    # a kernel without the shorter ones (a tuning candidate, variant_kernel) keeps its T
+    assert NormKernel(key, "cuda", main, False, "test", chunk_rows=32).dx_for(1) == (32, main["dx"])
+
+
+def test_cuda_backward_holds_its_dx_at_shorter_chunks():
+    """Every CUDA backward key's kernels (build.key_funcs: a library's and the default cache's)
+    include the default rule's dx at each T of SMALL_DX_CHUNK_ROWS (with an int32 row count); the
+    manifest's rows_per_partial stays the key's own T; forwards and llvm have none."""
+    from tvmnorm.build import SMALL_DX_CHUNK_ROWS, chunk_rows_of, key_funcs, small_dx_funcs, small_dx_symbol
+    from tvmnorm.compute.norms import ROWS_PER_PARTIAL_ATTR, rows_per_partial
+    for key in (NormKey(stage="bwd", hidden_size=8192), NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000)):
+        funcs = key_funcs(key, "cuda")
+        for t in SMALL_DX_CHUNK_ROWS:
+            f = funcs[small_dx_symbol(key, t)]
+            assert int(f.attrs[ROWS_PER_PARTIAL_ATTR]) == t  # int32 rows: test_codegen's index-width test
+        assert chunk_rows_of(funcs) == rows_per_partial(key, "cuda")
+    assert small_dx_funcs(NormKey(hidden_size=8192), "cuda") == {}
+    assert small_dx_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
+
+
 def test_int32_slack_covers_the_largest_block_of_the_space():
     """fits_int32 leaves room for the rows a last block reaches past the end: the most rows any
     point of the CUDA space puts in one block (chunk lanes x T for the fused dx kernel)."""

@@ -108,15 +108,43 @@ def small_call_symbol(key: NormKey) -> str:
 
 def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
     """Every kernel a library (or the default-kernel cache) holds for a key: its parts, the
-    int32-row copies of its row kernels on CUDA (NARROW_PARTS) and, for a tuned forward, the
-    small-call kernel (small_call_funcs)."""
+    int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward the
+    small-call kernel (small_call_funcs), and for a CUDA backward its dx at shorter chunks
+    (small_dx_funcs)."""
     funcs = scheduled_funcs(key, kind, record)
     if kind == "cuda":
         funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
                                      prefix=narrow_prefix(key)))
+        funcs.update(small_dx_funcs(key, kind))
     if record and key.stage == "fwd":
         funcs.update(small_call_funcs(key, kind))
     return funcs
+
+
+# The chunk sizes (T) of the CUDA backward's dx kernels for calls too small for the key's own T:
+# its chunks are the dx's unit of parallelism, and one block walks a chunk's rows one after the
+# other, so with T = 64 a call of 64 rows ran in one block (rmsnorm bwd 8192: 124.7 us on the
+# H200, torch eager 24.1; bench/results/h200-run16/decode.json). runtime.dx_chunk_rows picks
+# among them and the key's T by the call's rows.
+SMALL_DX_CHUNK_ROWS = (1, 8)
+
+
+def small_dx_symbol(key: NormKey, t: int) -> str:
+    return f"{key.name}_small{t}_dx"
+
+
+def small_dx_funcs(key: NormKey, kind: str) -> dict:
+    """The default rule's dx kernel of a CUDA backward key at each T of SMALL_DX_CHUNK_ROWS,
+    under ``<key>_small<T>_dx``, with an int32 row count (the calls they serve are small; a
+    larger one that needs int64 offsets keeps the key's own T)."""
+    if kind != "cuda" or key.stage not in ("bwd", "bwd_add"):
+        return {}
+    out = {}
+    for t in SMALL_DX_CHUNK_ROWS:
+        funcs = scheduled_funcs(key, kind, {"rows_per_partial": t}, row_bits=32, parts=("dx",),
+                                prefix=f"{key.name}_small{t}")
+        out[small_dx_symbol(key, t)] = funcs[small_dx_symbol(key, t)]
+    return out
 
 
 def small_call_funcs(key: NormKey, kind: str) -> dict:
@@ -143,7 +171,9 @@ def chunk_rows_of(funcs: dict) -> int | None:
     or None for a key without one (forward): the runtime sizes the partials by it."""
     from .sched.rows import is_fused
     from .compute.norms import ROWS_PER_PARTIAL_ATTR
-    return next((int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for f in funcs.values() if is_fused(f)), None)
+    small = {f"_small{t}_dx" for t in SMALL_DX_CHUNK_ROWS}
+    return next((int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for name, f in funcs.items()
+                 if is_fused(f) and not any(name.endswith(e) for e in small)), None)
 
 
 def compile_funcs(funcs: dict, kind: str, arch: str | None = None):

@@ -28,8 +28,8 @@ import pathlib
 import threading
 import warnings
 
-from .build import (LIBRARY, MANIFEST, NARROW_PARTS, chunk_rows_of, compile_funcs, file_sha256, key_funcs,
-                    narrow_prefix, scheduled_funcs, small_call_symbol, source_hash)
+from .build import (LIBRARY, MANIFEST, NARROW_PARTS, SMALL_DX_CHUNK_ROWS, chunk_rows_of, compile_funcs, file_sha256,
+                    key_funcs, narrow_prefix, scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, target_name
 
@@ -118,6 +118,21 @@ def is_small_call(key: NormKey, rows: int) -> bool:
     return key.stage == "fwd" and rows * key.hidden_size * DTYPE_BYTES[key.itype] <= SMALL_CALL_BYTES
 
 
+# The chunks of T rows a backward call's dx kernel should have at least: a chunk is one block
+# lane's serial walk, so a call of fewer chunks leaves SMs idle while each lane walks T rows.
+# dx_chunk_rows takes the largest T that gives this many, the key's own (tuned at 16384 tokens:
+# 256-512 chunks) or a shorter one of build.SMALL_DX_CHUNK_ROWS, whose partial rows (one per
+# chunk, fp32) cost more traffic the shorter T is.
+FULL_GRID_CHUNKS = 128
+
+
+def dx_chunk_rows(rows: int, t: int, shorter=SMALL_DX_CHUNK_ROWS) -> int:
+    """T for a backward call of ``rows`` rows, given the key's own ``t`` and the ``shorter``
+    ones its kernel holds: the largest with at least FULL_GRID_CHUNKS chunks, else the shortest."""
+    ladder = sorted({t, *(s for s in shorter if s < t)}, reverse=True)
+    return next((s for s in ladder if -(-rows // s) >= FULL_GRID_CHUNKS), ladder[-1])
+
+
 # Rows of slack in fits_int32: a row kernel's index math reaches past the last row to the end of
 # its last block (guarded, but computed): a forward block holds at most 16 rows, a dx block at
 # most 16 chunks of at most 64 rows (sched.space.ROWS, compute.norms.CUDA_CHUNK_ROWS): 1024.
@@ -138,7 +153,7 @@ class NormKernel:
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
                  chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64,
-                 narrow: dict | None = None, wide=None):
+                 narrow: dict | None = None, wide=None, small_dx: dict | None = None):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
         self.row_bits = row_bits  # 32: kernels with an int32 row count (compute.symbolic_rows)
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
@@ -149,6 +164,7 @@ class NormKernel:
         # call past int32 offsets (Registry._default)
         self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
+        self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
         self._ctype = TVM_DTYPE[key.ctype]
 
     def parts_for(self, rows: int) -> dict:
@@ -172,6 +188,17 @@ class NormKernel:
         if is_small_call(self.key, rows) and "fwd" in self._small:
             return self._small["fwd"]
         return self.parts_for(rows)["fwd"]
+
+    def dx_for(self, rows: int) -> tuple:
+        """(T, the dx kernel) a backward call of ``rows`` rows runs: the key's own T, or a shorter
+        one where the call has too few chunks of it to fill the GPU (dx_chunk_rows)."""
+        from .compute.norms import rows_per_partial
+        t = self.chunk_rows or rows_per_partial(self.key, self.kind)
+        if self._small_dx and fits_int32(rows, self.key.hidden_size):
+            short = dx_chunk_rows(rows, t, tuple(self._small_dx))
+            if short != t:
+                return short, self._small_dx[short]
+        return t, self.parts_for(rows)["dx"]
 
     def __repr__(self):
         return f"NormKernel({self.key.norm} {self.key.stage} {self.key.describe()}, {self.kind}, {self.origin})"
@@ -218,9 +245,10 @@ class NormKernel:
             part = _alloc(a["x"], (s, 1, self.key.hidden_size), self._ctype, zero=True)
         else:
             # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
-            count = partials(rows, self.key, self.kind, self.chunk_rows)
+            t, dx = self.dx_for(rows)
+            count = partials(rows, self.key, self.kind, t)
             part = _alloc(a["x"], (s, count, self.key.hidden_size), self._ctype)
-            self.parts_for(rows)["dx"](*dx_args, part)
+            dx(*dx_args, part)
             mid_rows = combined_rows(count)
             if mid_rows is not None:
                 mid = _alloc(a["x"], (s, mid_rows, self.key.hidden_size), self._ctype)
@@ -237,12 +265,13 @@ def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits
     have = lambda name: mod.implements_function(name)  # noqa: E731
     narrow = {p: mod[f"{narrow_prefix(key)}_{p}"] for p in NARROW_PARTS if have(f"{narrow_prefix(key)}_{p}")}
     small = {"fwd": mod[small_call_symbol(key)]} if have(small_call_symbol(key)) else None
+    small_dx = {t: mod[small_dx_symbol(key, t)] for t in SMALL_DX_CHUNK_ROWS if have(small_dx_symbol(key, t))}
     funcs = {p: mod[f"{key.name}_{p}"] for p in parts_of(key, kind) if have(f"{key.name}_{p}")}
     lacking = [p for p in parts_of(key, kind) if p not in funcs]
     if lacking and (wide is None or any(p not in narrow for p in lacking)):
         raise ValueError(f"module for {key.name} lacks its {', '.join(lacking)} kernel")
     return NormKernel(key, kind, funcs, tuned, origin, chunk_rows, small, row_bits, narrow,
-                      wide if lacking else None)
+                      wide if lacking else None, small_dx)
 
 
 def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64, group_rows: int = 1) -> NormKernel:
