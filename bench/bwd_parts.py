@@ -14,7 +14,9 @@ value; a fourth field 32 compiles it with an int32 row count, the index width a 
 gets), each checked against the library's dx and partials (run it with a library of default
 schedules). With --chunk-rows 32,64 it also times the whole call under the default rule with
 chunks of each T (the default's own T is compute.norms.rows_per_partial's), checked against the
-library's call.
+library's call. With --small-rows 1,64,256,... it times whole calls of those rows at each T the
+kernel holds (its own and build.SMALL_DX_CHUNK_ROWS'), each checked against the call at the T
+runtime.dx_chunk_rows picks: what that rule's FULL_GRID_CHUNKS is chosen by.
 """
 from __future__ import annotations
 
@@ -130,6 +132,37 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
     return r
 
 
+def small_calls(norm: str, h: int, rows_list) -> list:
+    """Whole backward calls of few rows at every T the key's kernel holds (runtime.dx_for's
+    choices, forced one at a time), against the call at the T the runtime picks."""
+    from tvmnorm import runtime
+    from tvmnorm.build import SMALL_DX_CHUNK_ROWS
+    key = NormKey(norm=norm, stage="bwd", hidden_size=h)
+    k = REGISTRY.get(key, "cuda")
+    own = k.dx_for(1 << 20)[0]
+    s = 2 if norm == "layernorm" else 1
+    pick = runtime.dx_chunk_rows
+    out = []
+    for rows in rows_list:
+        dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
+        stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
+        gamma = torch.randn(h, device="cuda").bfloat16()
+        want = [torch.empty_like(x)] + [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
+        k(dy, x, *stats, gamma, *want)
+        want = [w.float() for w in want]
+        r = {"norm": norm, "hidden": h, "rows": rows, "own_T": own, "picked_T": k.dx_for(rows)[0], "T": {}}
+        try:
+            for t in sorted({own, *SMALL_DX_CHUNK_ROWS}):
+                runtime.dx_chunk_rows = lambda rows, own_t, shorter, t=t: t
+                got = [torch.full_like(w, float("nan"), dtype=torch.bfloat16) for w in want]
+                k(dy, x, *stats, gamma, *got)
+                r["T"][t] = {"us": probe_us(lambda: k(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
+        finally:
+            runtime.dx_chunk_rows = pick
+        out.append(r)
+    return out
+
+
 def main():
     ap = probe_parser()
     ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], "
@@ -142,7 +175,11 @@ def main():
                     "(run with a --no-tuned library: checked against its dx)")
     ap.add_argument("--chunk-rows", default="", help="also the whole call under the default rule at these T, "
                     "e.g. 32,64 (run with a --no-tuned library: checked against its call)")
+    ap.add_argument("--small-rows", default="", help="only whole calls of these rows at every T the kernel holds, "
+                    "e.g. 1,64,256,1024 (bwd-small.json)")
     args = ap.parse_args()
+    if args.small_rows:
+        return small_main(args)
     variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
     # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1) and FULL (0) where not given
     fields = [[int(v) for v in c.split("x")] for c in args.dx.split(",") if c]
@@ -163,6 +200,19 @@ def main():
                   flush=True)
     meta = probe_meta(ceiling)
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
+
+
+def small_main(args):
+    rows_list = [int(v) for v in args.small_rows.split(",")]
+    out = []
+    for norm in args.norms.split(","):
+        for h in (int(v) for v in args.hidden.split(",")):
+            for r in small_calls(norm, h, rows_list):
+                out.append(r)
+                print(f"{norm:9s} H={h:5d} rows={r['rows']:6d} picked T={r['picked_T']:3d} "
+                      + "  ".join(f"T{t} {v['us']:6.1f} (err {v['rel_err']:.0e})" for t, v in r["T"].items()),
+                      flush=True)
+    pathlib.Path(args.out, "bwd-small.json").write_text(json.dumps({"meta": probe_meta(None), "records": out}, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@
 # Each op runs in its own process (GPUS=2 runs two queues of them, one per GPU), so a CUDA fault
 # in one op cannot take the others down; a failing implementation inside an op is recorded as
 # "error"/"wrong" and the run goes on. The parts are merged into $OUT/h200.json (+ .csv, plots).
-# Training rows (16384 tokens) for every op; decode rows (1/8/64/256 tokens) for the forward ops
-# only, since decode has no backward. Expect torch.compile to dominate the run time (one Inductor
-# compile per shape and op).
+# Training rows (16384 tokens) and decode rows (1/8/64/256 tokens) for every op (the backward at
+# decode rows: a small fine-tuning step's latency). Expect torch.compile to dominate the run time
+# (one Inductor compile per shape and op).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-bench/results/h200}}
@@ -55,7 +55,7 @@ for op in rmsnorm_fwd layernorm_fwd rmsnorm_fwd_fp8 layernorm_fwd_fp8; do
   queue+=("${op}_train $op train" "${op}_decode $op decode")
 done
 for op in rmsnorm_bwd layernorm_bwd; do
-  queue+=("${op}_train $op train")
+  queue+=("${op}_train $op train" "${op}_decode $op decode")
 done
 if [ -n "${PARTS:-}" ]; then  # only the named parts, in the order given
   picked=()

@@ -7,7 +7,7 @@ bf16 training rows of the catalog, by hidden size. Cells are ``frac`` for tuned 
 torch.compile / Liger; "–" in the first place where the library serves the default kernel (the
 key's record is the default's schedule: no tvmnorm_tuned row). The second table has the fp8
 forwards, the copy of each case's own bytes as a fraction of the large copy, and the served
-kernel's ``frac_at_size``.
+kernel's ``frac_at_size``. Then the counts of the README's status table (``targets``).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import json
 from tvmnorm.shapes import hidden_sizes, train_rows
 
 IMPLS = ("tvmnorm_tuned", "tvmnorm_default", "torch_eager", "torch_compile", "liger")
+PEERS = IMPLS[2:]
 TRAIN = ("rmsnorm_fwd", "layernorm_fwd", "rmsnorm_bwd", "layernorm_bwd")
 FP8 = ("rmsnorm_fwd_fp8", "layernorm_fwd_fp8")
 
@@ -59,11 +60,51 @@ def tables(records: list) -> str:
     return "\n".join(lines)
 
 
+def best_peer(by_impl: dict) -> dict | None:
+    timed = [by_impl[i] for i in PEERS if i in by_impl]
+    return min(timed, key=lambda r: r["us"]) if timed else None
+
+
+def targets(records: list) -> str:
+    """Per op, the issue's targets at 16384 tokens (the served kernel's frac range, shapes at or
+    above 1.0x the best peer, and at or above 1.3x where that peer is below 0.75 of copy), and
+    at decode rows the cells whose served kernel is no slower than the best peer."""
+    c = cases(records)
+    lines = []
+    for op in TRAIN + FP8:
+        pairs = [(served(c[k]), best_peer(c[k])) for k in sorted(c) if k[0] == op]
+        pairs = [(s, p) for s, p in pairs if s and p]
+        if not pairs:
+            continue
+        fracs = [s["frac"] for s, _ in pairs]
+        behind = [f"{s['hidden']} ({p['us'] / s['us']:.2f}x {p['impl']})" for s, p in pairs if s["us"] > p["us"]]
+        slow = [(s, p) for s, p in pairs if p["frac"] < 0.75]
+        lines.append(f"{op}: frac {min(fracs):.2f}-{max(fracs):.2f}; >= 1.0x {len(pairs) - len(behind)} of "
+                     f"{len(pairs)}" + (f" (behind: {', '.join(behind)})" if behind else "")
+                     + f"; >= 1.3x where the peer < 0.75: {sum(p['us'] >= 1.3 * s['us'] for s, p in slow)} of {len(slow)}")
+    decode = {}
+    for r in records:
+        if r["dtype"] == "bf16" and r["rows"] != train_rows(r["hidden"]) and r.get("status") == "ok":
+            decode.setdefault((r["op"], r["hidden"], r["rows"]), {})[r["impl"]] = r
+    for op in TRAIN:
+        pairs = [(served(v), best_peer(v)) for k, v in sorted(decode.items()) if k[0] == op]
+        pairs = [(s, p) for s, p in pairs if s and p]
+        if pairs:
+            behind = [f"{s['hidden']} x {s['rows']} ({s['us']:.1f} vs {p['impl']} {p['us']:.1f} us)"
+                      for s, p in pairs if s["us"] > p["us"]]
+            lines.append(f"{op} decode: <= best peer {len(pairs) - len(behind)} of {len(pairs)}"
+                         + (f" (behind: {', '.join(behind)})" if behind else ""))
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bench_json")
     args = ap.parse_args()
-    print(tables(json.load(open(args.bench_json))["records"]))
+    records = json.load(open(args.bench_json))["records"]
+    print(tables(records))
+    print()
+    print(targets(records))
 
 
 if __name__ == "__main__":
