@@ -45,20 +45,20 @@ def cuda_kernels():
     return KernelCache("cuda")
 
 
-def run_and_check(kernels, key, rows, rng, seed):
-    return check_on(kernels, key, at_chunk(key, rows), rng, seed, device="cuda")
+def run_and_check(kernels, key, rows, rng, seed, chunks=1):
+    return check_on(kernels, key, at_chunk(key, rows, chunks), rng, seed, device="cuda")
 
 
-def at_chunk(key, rows):
-    """``rows``, where "T-1", "T" or "T+1" is counted from FULL_GRID_CHUNKS chunks of the key's
+def at_chunk(key, rows, chunks=1):
+    """``rows``, where "T-1", "T" or "T+1" is counted from ``chunks`` chunks of the key's
     default T rows (compute.norms.rows_per_partial: 32, or 64 for wide rows): a last chunk one
-    row short, whole, or of one row, at every width, and still run at T (fewer rows take a
-    shorter T: runtime.dx_chunk_rows)."""
+    row short, whole, or of one row, at every width. A kernel that holds shorter T (the
+    runtime's: runtime.dx_chunk_rows) keeps its own only for calls of FULL_GRID_CHUNKS chunks;
+    a variant_kernel runs its T at any rows."""
     if not isinstance(rows, str):
         return rows
     from tvmnorm.compute.norms import rows_per_partial
-    from tvmnorm.runtime import FULL_GRID_CHUNKS
-    return FULL_GRID_CHUNKS * rows_per_partial(key, "cuda") + {"T-1": -1, "T": 0, "T+1": 1}[rows]
+    return chunks * rows_per_partial(key, "cuda") + {"T-1": -1, "T": 0, "T+1": 1}[rows]
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -199,7 +199,8 @@ def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, 
     at the narrow widths), and chunks of 8 with a last one of 7 rows (263 at 4095 and 7168) or
     of one row (1017: layernorm from 1000 up, rmsnorm from 4095)."""
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
-    run_and_check(cuda_kernels, key, rows, rng, seed)
+    from tvmnorm.runtime import FULL_GRID_CHUNKS
+    run_and_check(cuda_kernels, key, rows, rng, seed, chunks=FULL_GRID_CHUNKS)
 
 
 @pytest.mark.parametrize("rows", ("T-1", 4097))
