@@ -421,6 +421,37 @@ def test_early_weights_are_a_kept_forward_schedule():
                         row_config=CudaRowConfig(threads=128, vec=8, keep_row=True, early_weights=True))
 
 
+@pytest.mark.parametrize("norm,stage,dtype,hidden,cfg", [
+    ("layernorm", "bwd", "bf16", 8192, dict(threads=512, vec=8, prefetch=2, full_chunks=1)),
+    ("rmsnorm", "bwd", "bf16", 1000, dict(threads=64, rows=2, vec=8, prefetch=4)),
+    ("layernorm", "bwd_add", "fp32", 4095, dict(threads=1024, vec=1, prefetch=2, stages=2)),
+    ("rmsnorm", "bwd", "bf16", 4096, dict(threads=256, vec=8, prefetch=2, min_blocks=2))])
+def test_chunk_weights_load_gamma_once_a_chunk(norm, stage, dtype, hidden, cfg):
+    """chunk_weights: the dx kernel loads gamma into registers once, before the walk over its
+    chunk's rows, and no stage of any row loads it again; the loads of a column tail (1000,
+    4095) keep their guard. Without it every row's sums and dx stage load it."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    for once in (False, True):
+        body = kernel(cuda_source(key, row_config=CudaRowConfig(chunk_weights=once, **cfg)), "dx")
+        walk = body.index("for (")
+        loads = [m.start() for m in re.finditer(r"\bgamma_ptr[ +\[]", body)]
+        assert loads and all((at < walk) == once for at in loads), (once, loads, walk)
+        if once:
+            assert len(loads) == -(-hidden // (cfg["threads"] * cfg["vec"]))  # one a vector of the thread
+            if hidden % (cfg["threads"] * cfg["vec"]):
+                assert re.search(r"if \(\(\(int(64_t)?\)threadIdx\.x\) < (\(int64_t\))?\d+\) \{\s*\S*gamma_local_ptr",
+                                 body[:walk])
+
+
+def test_chunk_weights_are_a_dx_schedule():
+    from tvmnorm.build import scheduled_funcs
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="chunk_weights is a dx schedule"):
+        scheduled_funcs(NormKey(hidden_size=1024), "cuda", row_config=CudaRowConfig(threads=128, vec=8,
+                                                                                   chunk_weights=True))
+
+
 def test_warp_sums_apply_where_they_can():
     from tvmnorm.build import scheduled_funcs
     from tvmnorm.sched.rows import CudaRowConfig

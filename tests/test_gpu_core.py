@@ -256,6 +256,24 @@ def test_cuda_dx_walking_whole_chunks(norm, stage, dtype, hidden, threads, vec, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, "T-1", "T", "T+1", 4097))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,cfg", [
+    ("layernorm", "bwd", "bf16", 8192, dict(threads=512, vec=8, prefetch=2, full_chunks=1)),
+    ("rmsnorm", "bwd", "bf16", 1000, dict(threads=64, rows=2, vec=8, prefetch=4)),
+    ("layernorm", "bwd_add", "fp32", 4095, dict(threads=1024, vec=1, prefetch=2, stages=2)),
+    ("rmsnorm", "bwd", "bf16", 4096, dict(threads=256, vec=8, prefetch=2, min_blocks=2)),
+    ("layernorm", "bwd", "fp16", 128, dict(threads=16, rows=8, vec=8, prefetch=4))])
+def test_cuda_dx_chunk_weights(norm, stage, dtype, hidden, cfg, rows, rng, seed):
+    """The dx kernel holding gamma in registers for its whole chunk (chunk_weights): right
+    against float64 with one row, a chunk one row short of T, exactly T, one past it and a last
+    chunk of one row, several chunk lanes a block, a column tail (1000, 4095), pipelined, under a
+    register cap, whole chunks without row guards, and bwd_add."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    kernel = variant_kernel(key, "cuda", CudaRowConfig(chunk_weights=True, **cfg))
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, "T-1", "T+1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,group", [
     ("layernorm", "bwd", "bf16", 7168, 448, 8, 2), ("rmsnorm", "bwd", "bf16", 4096, 256, 8, 4),

@@ -58,6 +58,9 @@ class CudaRowConfig:
                               # a reduction instead of two (_warp_sums); threads in whole warps
     early_weights: bool = False  # fwd with keep_row only: gamma (and beta) loaded into registers
                               # with x, before the row sums' barriers, instead of after them
+    chunk_weights: bool = False  # fused dx only: gamma loaded into registers once a chunk lane,
+                              # before its walk over the chunk's rows, instead of by every stage
+                              # of every row (_cuda_row_registers)
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -253,6 +256,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     kept = ROW_OPERANDS if part is not None else FWD_ROW_OPERANDS if cfg.keep_row else ()
     if part is None and cfg.early_weights:
         kept = WEIGHT_OPERANDS + kept
+    if part is None and cfg.chunk_weights:
+        raise ValueError("chunk_weights is a dx schedule: a forward's block holds no chunk of rows")
     y_stage = _named_block(sch, FP8_Y_STAGE)
     if y_stage is not None and not cfg.keep_y:
         sch.compute_inline(y_stage)  # recomputed by the store and by amax
@@ -270,6 +275,8 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         raise ValueError("warp_sums and early_weights are forward schedules; the dx kernel keeps one allreduce "
                          "per row and reads gamma before its first")
     else:
+        if cfg.chunk_weights:
+            kept = kept + ("gamma",)
         blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint != PART_BLOCK]
         grouped = _rows_per_group(sch)
         if grouped > 1:
@@ -333,7 +340,9 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # per-thread registers, as the kept row's (see _cuda_partials for why the assumption)
         sch.transform_layout(y_stage, ("write", 0), _thread_layout(cfg), assume_injective_transform=True)
     if part is not None:
-        _cuda_row_registers(sch, group, cfg, kept, rows=True)
+        _cuda_row_registers(sch, group, cfg, ROW_OPERANDS, rows=True)
+        if cfg.chunk_weights:
+            _cuda_row_registers(sch, ty, cfg, ("gamma",), rows=False)
         _cuda_partials(sch, ty, cfg)
         if cfg.stages > 1:
             _cuda_pipeline(sch, group, cfg.stages)
@@ -474,7 +483,12 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
     weights' too: compute_at alone puts a load right before its first reader, which for the
     weights is the output stage, after the row sums' barriers, so each block waited on them
     (from L2) once its sums were done. torch.compile's and Liger's forwards load the weight
-    with x, before the sum."""
+    with x, before the sum.
+
+    Fused dx with ``chunk_weights`` (``operands`` gamma, ``loop`` the chunk lane): gamma once
+    before the lane's walk, as Liger's backward holds the weight for all the rows of a program;
+    otherwise each row's sums and its dx stage load it again (L1 hits, but two loads and
+    conversions a vector and row, and a wait after each row's barriers)."""
     layout = _thread_layout(cfg, rows=rows)
     root = sch.get_sblock("root")
     for name in operands:
