@@ -2,14 +2,17 @@
 of a point of the space once the row guards are gone, without a GPU.
 
     python bench/sass_counts.py [--cuobjdump PATH] > counts.txt
+    python bench/sass_counts.py --knob chunk_weights     # the dx points with and without another knob
 
 Each point's kernel (the int32-row copy the library serves, as a tuning candidate compiles) goes
 through nvcc -cubin for sm_90; cuobjdump -sass lists its instructions. A full_chunks kernel holds
 the walk twice (unguarded, then guarded for the last chunk), so its unguarded version is counted
 alone: the test before it is made always true and nvcc drops the other. The dx points are the
 layernorm 8192 record's shape and the default's elsewhere; the forward points are the hidden-128
-records' shapes. No triton or GPU needed (cuobjdump ships with the CUDA toolkit; the triton
-wheel carries one too).
+records' shapes. With --knob, the dx points are counted with that CudaRowConfig field off and
+on (their own full_chunks kept), and the load instructions (LDG) apart. No triton or GPU needed
+(cuobjdump ships with the CUDA toolkit; the triton wheel carries one too: `pip download --no-deps
+triton==3.6.0`, then unzip triton/backends/nvidia/bin/cuobjdump from it).
 """
 from __future__ import annotations
 
@@ -63,12 +66,28 @@ def count(src: str, part: str, cuobjdump: str, work: pathlib.Path) -> tuple:
     return len(ops), collections.Counter(ops), regs[0] if regs else "?", spills[0] if spills else "?"
 
 
+def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
+    """The dx points with ``knob`` off and on."""
+    for key, cfg, part in POINTS:
+        if part != "dx":
+            continue
+        off, on = (count(source(key, dataclasses.replace(cfg, **{knob: value}), part), part, cuobjdump, work)
+                   for value in (False, True))
+        print(f"{key.name} {part} ({cfg.threads}x{cfg.rows} vec {cfg.vec} prefetch {cfg.prefetch}): {knob} "
+              f"{off[0]} -> {on[0]} instructions, LDG {off[1]['LDG']} -> {on[1]['LDG']}; registers {off[2]} -> "
+              f"{on[2]}, spill stores {off[3]} -> {on[3]} bytes", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
+    ap.add_argument("--knob", default=None, help="a boolean CudaRowConfig field of the dx (e.g. chunk_weights) to "
+                    "count off and on instead of full_chunks")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         work = pathlib.Path(d)
+        if args.knob:
+            return knob_counts(args.knob, args.cuobjdump, work)
         for key, cfg, part in POINTS:
             before = count(source(key, cfg, part), part, args.cuobjdump, work)
             after = count(unguarded_only(source(key, dataclasses.replace(cfg, full_chunks=1), part)), part,
