@@ -325,3 +325,34 @@ def test_probe_parser_takes_the_probes_shared_arguments(tmp_path):
     args = probe_parser().parse_args(["--out", str(out), "--norms", "rmsnorm"])
     assert out.is_dir() and args.norms == "rmsnorm"
     assert args.hidden.split(",") == [str(h) for h in hidden_sizes()]
+
+
+def test_readme_targets_count_the_issue_targets():
+    """bench/readme_tables.py's status counts: per op the served kernel (tuned, else the
+    default) against the fastest peer at the training rows (>= 1.0x, and >= 1.3x where that peer
+    is below 0.75 of copy), and at decode rows the cells where it is no slower."""
+    import importlib.util
+    import pathlib
+    from tvmnorm.shapes import train_rows
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "readme_tables.py"
+    spec = importlib.util.spec_from_file_location("readme_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+
+    def rec(op, hidden, rows, impl, us, frac):
+        return dict(op=op, dtype="bf16", hidden=hidden, rows=rows, impl=impl, us=us, frac=frac, status="ok")
+    t = train_rows(1024)
+    records = [rec("rmsnorm_bwd", 1024, t, "tvmnorm_tuned", 10.0, 0.6), rec("rmsnorm_bwd", 1024, t, "liger", 14.0, 0.4),
+               rec("rmsnorm_bwd", 1024, t, "torch_eager", 20.0, 0.3),
+               # served by the default (no tuned cell), 1.2x the peer: ahead, not 1.3x
+               rec("rmsnorm_bwd", 2048, t, "tvmnorm_default", 10.0, 0.6), rec("rmsnorm_bwd", 2048, t, "liger", 12.0, 0.5),
+               # behind a peer that is above 0.75 (so not counted for 1.3x)
+               rec("rmsnorm_bwd", 4096, t, "tvmnorm_tuned", 10.0, 0.7), rec("rmsnorm_bwd", 4096, t, "torch_compile", 9.0, 0.8),
+               rec("rmsnorm_bwd", 1024, 64, "tvmnorm_tuned", 5.0, 0.01), rec("rmsnorm_bwd", 1024, 64, "torch_eager", 6.0, 0.01),
+               rec("rmsnorm_bwd", 1024, 8, "tvmnorm_tuned", 7.0, 0.01), rec("rmsnorm_bwd", 1024, 8, "torch_eager", 6.0, 0.01),
+               dict(rec("rmsnorm_bwd", 1024, 1, "tvmnorm_tuned", 1.0, 0.0), status="wrong")]
+    lines = tables.targets(records).splitlines()
+    assert lines[0] == ("rmsnorm_bwd: frac 0.60-0.70; >= 1.0x 2 of 3 (behind: 4096 (0.90x torch_compile)); "
+                        ">= 1.3x where the peer < 0.75: 1 of 2")
+    assert lines[1] == "rmsnorm_bwd decode: <= best peer 1 of 2 (behind: 1024 x 8 (7.0 vs torch_eager 6.0 us))"
+    assert len(lines) == 2
