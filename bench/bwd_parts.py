@@ -78,15 +78,21 @@ def rel_err(got, want) -> float:
     return max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
 
 
+def bwd_inputs(norm: str, rows: int, h: int) -> tuple:
+    """Fresh bf16 dy, x and gamma and fp32 statistics (layernorm's mu, then rsigma) for a
+    backward call, and the number of per-column sums (dgamma, and layernorm's dbeta)."""
+    s = 2 if norm == "layernorm" else 1
+    dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
+    stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
+    return dy, x, stats, torch.randn(h, device="cuda").bfloat16(), s
+
+
 def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_rows=()) -> dict:
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     rows = train_rows(h)
-    s = 2 if norm == "layernorm" else 1
     count = partials(rows, key, "cuda", k.chunk_rows)
-    dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
-    stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-    gamma = torch.randn(h, device="cuda").bfloat16()
+    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
     dx = torch.empty_like(x)
     part = torch.randn(s, count, h, device="cuda")
     mid = torch.empty(s, combined_partials(count), h, device="cuda")
@@ -141,21 +147,18 @@ def small_calls(norm: str, h: int, rows_list) -> list:
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
-    own = k.dx_for(1 << 20)[0]
-    s = 2 if norm == "layernorm" else 1
+    own = k.own_chunk_rows()
     pick = runtime.dx_chunk_rows
     out = []
     for rows in rows_list:
-        dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
-        stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-        gamma = torch.randn(h, device="cuda").bfloat16()
+        dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
         want = [torch.empty_like(x)] + [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
         k(dy, x, *stats, gamma, *want)
         want = [w.float() for w in want]
         r = {"norm": norm, "hidden": h, "rows": rows, "own_T": own, "picked_T": k.dx_for(rows)[0], "T": {}}
         try:
             for t in sorted({own, *SMALL_DX_CHUNK_ROWS}):
-                runtime.dx_chunk_rows = lambda rows, own_t, shorter, t=t: t
+                runtime.dx_chunk_rows = lambda *_, t=t: t  # whatever the rule's arguments
                 got = [torch.full_like(w, float("nan"), dtype=torch.bfloat16) for w in want]
                 k(dy, x, *stats, gamma, *got)
                 r["T"][t] = {"us": probe_us(lambda: k(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}

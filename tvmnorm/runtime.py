@@ -145,7 +145,8 @@ def dx_chunk_rows(rows: int, t: int, partial_row: int, shorter=SMALL_DX_CHUNK_RO
     if not ladder:
         return t
     shortest = ladder[-1]
-    costly = -(-rows // shortest) * partial_row >= SHORT_PARTIALS or -(-rows // shortest) > COMBINE_ABOVE
+    finest = -(-rows // shortest)  # the chunks, and partial rows, at the shortest T
+    costly = finest * partial_row >= SHORT_PARTIALS or finest > COMBINE_ABOVE
     return next((s for s in ladder[:-1] if costly and -(-rows // s) >= SHORT_CHUNKS), shortest)
 
 
@@ -181,6 +182,7 @@ class NormKernel:
         self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
         self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
+        self._sums = 2 if key.norm == "layernorm" else 1  # bwd: the per-column sums (dgamma, dbeta)
         self._ctype = TVM_DTYPE[key.ctype]
 
     def parts_for(self, rows: int) -> dict:
@@ -205,14 +207,17 @@ class NormKernel:
             return self._small["fwd"]
         return self.parts_for(rows)["fwd"]
 
+    def own_chunk_rows(self) -> int:
+        """The T of the backward's own dx kernel (the record's, else the default's)."""
+        from .compute.norms import rows_per_partial
+        return self.chunk_rows or rows_per_partial(self.key, self.kind)
+
     def dx_for(self, rows: int) -> tuple:
         """(T, the dx kernel) a backward call of ``rows`` rows runs: the key's own T, or a shorter
         one where the call has too few chunks of it to fill the GPU (dx_chunk_rows)."""
-        from .compute.norms import rows_per_partial
-        t = self.chunk_rows or rows_per_partial(self.key, self.kind)
+        t = self.own_chunk_rows()
         if self._small_dx and fits_int32(rows, self.key.hidden_size):
-            sums = 2 if self.key.norm == "layernorm" else 1
-            short = dx_chunk_rows(rows, t, self.key.hidden_size * sums, tuple(self._small_dx))
+            short = dx_chunk_rows(rows, t, self.key.hidden_size * self._sums, tuple(self._small_dx))
             if short != t:
                 return short, self._small_dx[short]
         return t, self.parts_for(rows)["dx"]
@@ -253,7 +258,7 @@ class NormKernel:
     def _bwd(self, a, rows):
         ln = self.key.norm == "layernorm"
         stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
-        s = 2 if ln else 1
+        s = self._sums
         dx_args = [a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"]]
         if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a
