@@ -81,7 +81,7 @@ def rel_err(got, want) -> float:
 def bwd_inputs(norm: str, rows: int, h: int) -> tuple:
     """Fresh bf16 dy, x and gamma and fp32 statistics (layernorm's mu, then rsigma) for a
     backward call, and the number of per-column sums (dgamma, and layernorm's dbeta)."""
-    s = 2 if norm == "layernorm" else 1
+    s = NormKey(norm=norm).column_sums
     dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
     stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
     return dy, x, stats, torch.randn(h, device="cuda").bfloat16(), s

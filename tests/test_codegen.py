@@ -70,7 +70,7 @@ def test_cuda_bwd_keeps_the_partial_sums_in_registers(key):
     assert not any("wgrad" in n for n in names)
     assert "atomic" not in src
     body = kernel(src, "dx")
-    s = 2 if key.norm == "layernorm" else 1
+    s = key.column_sums
     size = re.search(r"float part_local_ptr\[(\d+)\];", body)
     # every per-thread register buffer (sums, prefetched rows of dy and x) is small and indexed
     # by constants only: an index with a variable would put it in local memory

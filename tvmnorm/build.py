@@ -129,8 +129,12 @@ def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
 SMALL_DX_CHUNK_ROWS = (1, 8)
 
 
+def small_dx_prefix(key: NormKey, t: int) -> str:
+    return f"{key.name}_small{t}"
+
+
 def small_dx_symbol(key: NormKey, t: int) -> str:
-    return f"{key.name}_small{t}_dx"
+    return f"{small_dx_prefix(key, t)}_dx"
 
 
 def small_dx_funcs(key: NormKey, kind: str) -> dict:
@@ -142,7 +146,7 @@ def small_dx_funcs(key: NormKey, kind: str) -> dict:
     out = {}
     for t in SMALL_DX_CHUNK_ROWS:
         funcs = scheduled_funcs(key, kind, {"rows_per_partial": t}, row_bits=32, parts=("dx",),
-                                prefix=f"{key.name}_small{t}")
+                                prefix=small_dx_prefix(key, t))
         out[small_dx_symbol(key, t)] = funcs[small_dx_symbol(key, t)]
     return out
 
@@ -170,10 +174,10 @@ def chunk_rows_of(funcs: dict) -> int | None:
     """T of the dx kernel among a key's scheduled ``funcs`` (the attribute its compute carries),
     or None for a key without one (forward): the runtime sizes the partials by it."""
     from .sched.rows import is_fused
-    from .compute.norms import ROWS_PER_PARTIAL_ATTR
-    small = {f"_small{t}_dx" for t in SMALL_DX_CHUNK_ROWS}
-    return next((int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for name, f in funcs.items()
-                 if is_fused(f) and not any(name.endswith(e) for e in small)), None)
+    from .compute.norms import CUDA_CHUNK_ROWS, ROWS_PER_PARTIAL_ATTR
+    # the key's own dx is the one of the largest T: the small dx kernels' T are below any it has
+    assert max(SMALL_DX_CHUNK_ROWS) < min(CUDA_CHUNK_ROWS)
+    return max((int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for f in funcs.values() if is_fused(f)), default=None)
 
 
 def compile_funcs(funcs: dict, kind: str, arch: str | None = None):

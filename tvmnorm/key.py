@@ -129,6 +129,11 @@ class NormKey:
         if not isinstance(self.zero_centered_gamma, bool):
             raise ValueError(f"zero_centered_gamma must be a bool, got {self.zero_centered_gamma!r}")
 
+    @property
+    def column_sums(self) -> int:
+        """Per-column sums the backward reduces over rows: dgamma, and for layernorm dbeta."""
+        return 2 if self.norm == "layernorm" else 1
+
     def pack(self) -> int:
         codes = {
             "norm": NORMS.index(self.norm),

@@ -182,7 +182,7 @@ class NormKernel:
         self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
         self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
-        self._sums = 2 if key.norm == "layernorm" else 1  # bwd: the per-column sums (dgamma, dbeta)
+        self._sums = key.column_sums
         self._ctype = TVM_DTYPE[key.ctype]
 
     def parts_for(self, rows: int) -> dict:

@@ -437,7 +437,7 @@ def finalize(key: NormKey, kind: str, name="finalize", partials=None):
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = _partial_count(partials)
-    S = 2 if key.norm == "layernorm" else 1
+    S = key.column_sums
     part = te.placeholder((S, P, H), c, name="part")
     wt = TVM_DTYPE[key.wtype]
     if S == 2 and kind == "cuda":
@@ -474,7 +474,7 @@ def combine(key: NormKey, name="combine", partials=None):
     in ctype: the first of two fixed-order stages of the partial sum."""
     c = TVM_DTYPE[key.ctype]
     P = _partial_count(partials)
-    S = 2 if key.norm == "layernorm" else 1
+    S = key.column_sums
     G = COMBINE_GROUP
     part = te.placeholder((S, P, key.hidden_size), c, name="part")
     u = te.reduce_axis((0, tirx.const(G, "int64")), name="u")

@@ -220,7 +220,7 @@ def fused_cuda_variants(key: NormKey) -> list:
     block of them within 1024 threads), rows loaded per group and groups in flight such that the
     sums and the rows fit the register limit (prefetch dividing every chunk size the tuner
     applies the space to, CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages`` groups)."""
-    s = 2 if key.norm == "layernorm" else 1
+    s = key.column_sums
     h = key.hidden_size
     size = DTYPE_BYTES[key.itype]
     out = []
