@@ -182,7 +182,6 @@ class NormKernel:
         self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
         self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
-        self._sums = key.column_sums
         self._ctype = TVM_DTYPE[key.ctype]
 
     def parts_for(self, rows: int) -> dict:
@@ -217,7 +216,7 @@ class NormKernel:
         one where the call has too few chunks of it to fill the GPU (dx_chunk_rows)."""
         t = self.own_chunk_rows()
         if self._small_dx and fits_int32(rows, self.key.hidden_size):
-            short = dx_chunk_rows(rows, t, self.key.hidden_size * self._sums, tuple(self._small_dx))
+            short = dx_chunk_rows(rows, t, self.key.hidden_size * self.key.column_sums, tuple(self._small_dx))
             if short != t:
                 return short, self._small_dx[short]
         return t, self.parts_for(rows)["dx"]
@@ -258,7 +257,7 @@ class NormKernel:
     def _bwd(self, a, rows):
         ln = self.key.norm == "layernorm"
         stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
-        s = self._sums
+        s = self.key.column_sums
         dx_args = [a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"]]
         if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a
