@@ -588,6 +588,29 @@ def test_default_dx_rows_per_group(norm, hidden, prefetch):
     assert fused_cuda_heuristic(func, hidden, 2).prefetch == prefetch
 
 
+@pytest.mark.parametrize("norm,dtype,hidden,once", [("layernorm", "bf16", 8192, True), ("rmsnorm", "bf16", 2560, True),
+                                                    ("rmsnorm", "bf16", 128, True), ("layernorm", "fp32", 8192, False),
+                                                    ("rmsnorm", "bf16", 65536, False)])
+def test_default_dx_holds_gamma_where_it_fits(norm, dtype, hidden, once):
+    """The default dx holds gamma for the whole chunk (chunk_weights: faster or equal at 22 of 24
+    bf16 widths on the H200) unless its registers would not fit beside the sums and rows (fp32
+    rows of 8192 over 1024 threads, rows too wide for any variant to fit), and its kernel then
+    loads gamma before the walk over the chunk's rows."""
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.sched.default import fused_cuda_heuristic
+    from tvmnorm.sched.space import fused_register_limit, fused_registers
+    key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    size = 4 if dtype == "fp32" else 2
+    cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], hidden, size)
+    assert cfg.chunk_weights == once
+    per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
+    regs = fused_registers(key.column_sums, per_thread, cfg.prefetch, size, weight_bytes=size)
+    assert (regs <= fused_register_limit(cfg.threads * cfg.rows, cap=96)) == once
+    if hidden <= 8192:
+        body = kernel(cuda_source(key), "dx")
+        assert (body.index("gamma_ptr") < body.index("for (")) == once
+
+
 def test_even_split_dx_has_no_column_guard():
     """448 threads x 2 vectors of 8 (a variant of exact_thread_counts) cover a row of 7168
     exactly: the generated dx has no per-thread column guard, which the power-of-two split (512:

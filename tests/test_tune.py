@@ -643,8 +643,8 @@ def test_search_population_follows_the_space_size():
     assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(STREAM)
                                                                       * population_points(bwd, "cuda"))
     assert _search(population_points(bwd, "cuda")).population_size == population_points(bwd, "cuda")
-    ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192)
-    assert _search(population_points(ln8192, "cuda")).population_size == 32
+    ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192, itype="fp32", otype="fp32", wtype="fp32")
+    assert population_points(ln8192, "cuda") < 32 and _search(population_points(ln8192, "cuda")).population_size == 32
     fwd = NormKey(hidden_size=4096)  # the forward's full_chunks factor is left out too
     # (a variant of one row a block, e.g. warp_sums, has no row guard and samples no full_chunks)
     assert 2 * population_points(fwd, "cuda") - space_size(fwd, "cuda") // len(STREAM) == sum(
@@ -673,6 +673,28 @@ def test_fused_variants_add_warp_multiples_that_split_the_row_evenly():
     assert {v[:4] for v in kept if v[4]} == {v[:4] for v in kept if v[0] >= 64}
     assert all(not v[4] for v in fwd_kept_variants(NormKey(hidden_size=128)))
     assert {v[0] for v in fused_cuda_variants(NormKey(stage="bwd", hidden_size=4095))} == {1024}
+
+
+def test_fused_variants_hold_gamma_where_its_registers_fit():
+    """Each fused variant comes again with gamma held for the whole chunk (chunk_weights) where
+    its registers fit the limit beside the sums and rows, and the space builds that kernel."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched.space import fused_cuda_variants, fused_register_limit, fused_registers
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=8192)
+    variants = fused_cuda_variants(key)
+    plain = {v[:4] for v in variants if not v[4]}
+    held = {v[:4] for v in variants if v[4]}
+    assert held and held < plain
+    for threads, vec, prefetch, stages in plain:
+        per_thread = -(-8192 // (threads * vec)) * vec
+        fits = fused_registers(2, per_thread, prefetch, 2, stages, weight_bytes=2) <= fused_register_limit(threads)
+        assert ((threads, vec, prefetch, stages) in held) == fits
+    func = tuning_func(key, "dx", 256, "cuda", 32)
+    spaces = space_fn(key, "cuda")(Schedule(func))
+    # held: one copy of gamma above the walk over the chunk; else one per stage that reads it
+    caches = [sum(sch.get(b).name_hint == "gamma_local" for b in sch.get_child_blocks(sch.get_sblock("root")))
+              for sch in spaces]
+    assert len(spaces) == len(variants) and [c == 1 for c in caches] == [v[4] for v in variants]
 
 
 def test_fused_space_samples_only_valid_block_sizes():

@@ -10,6 +10,7 @@ import dataclasses
 
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
+from ..key import DTYPE_BYTES, TVM_DTYPE
 from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
 from .space import fused_register_limit, fused_registers
 
@@ -99,7 +100,13 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     61.5 us at 1024, 175.7 -> 141.2 at 4096, 254.6 -> 223.2 at 5120, 316.2 -> 287.0 at 7168,
     380.3 -> 297.8 at 8192. RMSNorm's lost at 4096-8192 (131.9 -> 166.6 at 4096, 239.9 -> 296.4 at
     8192: its one-row 512-thread blocks hold more registers unguarded) and stays guarded
-    (bench/results/h200-probes-14/)."""
+    (bench/results/h200-probes-14/).
+
+    gamma is held in registers for the whole chunk (chunk_weights) where its registers fit the
+    same limit. Measured on the H200 (bwd_parts --dx, bf16, 16384 tokens, bench/results/
+    h200-run18/): faster or equal at 22 of the 24 catalog widths, layernorm 4096 162.5 -> 127.2 us,
+    8192 292.1 -> 267.3, 1536 60.4 -> 54.8; rmsnorm 2560 113.7 -> 102.7, 3584 134.4 -> 124.1, 1024
+    55.0 -> 47.6; 0.5-0.7% slower (noise) at rmsnorm 896 and 8192."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
@@ -109,7 +116,13 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     prefetch = next(u for u in (4, 2, 1)
                     if u <= most and t % u == 0
                     and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
-    return dataclasses.replace(cfg, prefetch=prefetch, full_chunks=1 if s == 2 else 0)
+    weights = fused_registers(s, per_thread, prefetch, elem_bytes, weight_bytes=_weight_bytes(func))
+    return dataclasses.replace(cfg, prefetch=prefetch, full_chunks=1 if s == 2 else 0, chunk_weights=weights <= limit)
+
+
+def _weight_bytes(func) -> int:
+    gamma = next(p for p in func.params if p.name == "gamma")
+    return DTYPE_BYTES[next(k for k, v in TVM_DTYPE.items() if v == str(gamma.dtype))]
 
 
 def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:

@@ -34,7 +34,8 @@ row schedule splits its rows into chunks of the key's static T (``rows_per_parti
 ``rows`` counts chunks per task (llvm) or per block (cuda) there. On CUDA each thread keeps its
 columns' running sums and ``stages`` groups of ``prefetch`` rows of dy and x in registers, whose
 layout depends on threads, vec and prefetch, and the next groups load while one computes
-(``stages`` > 1, a software pipeline): there each (threads, vec, prefetch, stages) is its own
+(``stages`` > 1, a software pipeline), and gamma may be held there for the whole chunk
+(``chunk_weights``): there each (threads, vec, prefetch, stages, chunk_weights) is its own
 design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block,
 the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) and whether whole
 chunks are walked without row guards (``full_chunks``) are sampled within it, and in every
@@ -105,11 +106,12 @@ def _categorical(sch, choices):
 
 
 def cuda_space(key: NormKey, fused=None, kept=None):
-    """The CUDA row space. ``fused`` = (threads, vec, prefetch, stages), plain ints, makes it one
-    structural variant of the fused dx kernel: they decide the register layout of its row
-    operands and partial sums (a constant of the trace, see _thread_layout) and the software
-    pipeline over its rows, and its loops over registers are unrolled whatever the unroll knob,
-    so only rows per block is sampled there. ``kept`` = (threads, vec, keep_y, warp_sums,
+    """The CUDA row space. ``fused`` = (threads, vec, prefetch, stages, chunk_weights), plain
+    values, makes it one structural variant of the fused dx kernel: they decide the register
+    layout of its row operands and partial sums (a constant of the trace, see _thread_layout),
+    the software pipeline over its rows and where gamma is loaded (a cache stage or none), and
+    its loops over registers are unrolled whatever the unroll knob, so only rows per block is
+    sampled there. ``kept`` = (threads, vec, keep_y, warp_sums,
     early_weights) makes it a forward variant that keeps the row of x (and fp8's y) in registers
     (``keep_row``), for the same reasons structural, and warp_sums changes the thread layout
     (lanes and warps), early_weights where the weights' loads go (a compute_at position)."""
@@ -118,8 +120,9 @@ def cuda_space(key: NormKey, fused=None, kept=None):
         # nothing is the default rule's (tune.is_default_trace)
         rows = _categorical(sch, fused_rows(fused[0]) if fused else kept_rows(kept) if kept else ROWS)
         if fused is not None:
-            threads, vec, prefetch, stages = fused
+            threads, vec, prefetch, stages, chunk_weights = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
+                                chunk_weights=chunk_weights,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
                                 full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
@@ -199,11 +202,12 @@ PIPELINED_PREFETCH = (1, 2)
 FUSED_VECTORS = 4
 
 
-def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int, stages: int = 1) -> int:
+def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int, stages: int = 1,
+                    weight_bytes: int = 0) -> int:
     """Registers for S running sums per element and ``stages`` groups of ``prefetch`` rows of dy
     and x (two tensors of ``elem_bytes`` per element: a bf16 pair is one register, an fp32 pair
-    two)."""
-    return s * per_thread + stages * prefetch * per_thread * elem_bytes // 2
+    two), and with ``weight_bytes`` (chunk_weights) gamma's elements held for the whole chunk."""
+    return s * per_thread + stages * prefetch * per_thread * elem_bytes // 2 + -(-per_thread * weight_bytes // 4)
 
 
 def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
@@ -214,31 +218,39 @@ def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
 
 
 def fused_cuda_variants(key: NormKey) -> list:
-    """(threads, vec, prefetch, stages) of the fused dx kernel: the two widest vector widths,
-    thread counts (powers of two, and the warp multiples that split the row evenly:
-    exact_thread_counts) that give every thread 1 to FUSED_VECTORS vectors of the row (and a
-    block of them within 1024 threads), rows loaded per group and groups in flight such that the
-    sums and the rows fit the register limit (prefetch dividing every chunk size the tuner
-    applies the space to, CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages`` groups)."""
+    """(threads, vec, prefetch, stages, chunk_weights) of the fused dx kernel: the two widest
+    vector widths, thread counts (powers of two, and the warp multiples that split the row
+    evenly: exact_thread_counts) that give every thread 1 to FUSED_VECTORS vectors of the row
+    (and a block of them within 1024 threads), rows loaded per group and groups in flight such
+    that the sums and the rows fit the register limit (prefetch dividing every chunk size the
+    tuner applies the space to, CUDA_CHUNK_ROWS, and the smallest chunk holding ``stages``
+    groups), each again with gamma held in registers for the whole chunk (chunk_weights) where
+    its registers fit too: where they are tight, ptxas spills for it (layernorm 8192, 512 x 4:
+    12 -> 44 bytes, bench/results/sass-counts-chunk-weights.txt) and only a measurement tells
+    whether the loads it saves are worth that."""
     s = key.column_sums
     h = key.hidden_size
-    size = DTYPE_BYTES[key.itype]
+    size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
         for threads in _fused_thread_counts(key, vec):
             vectors = -(-h // (threads * vec))
             if not (1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec)):
                 continue
+            limit = fused_register_limit(threads)
             for prefetch in PREFETCH:
                 if any(t % prefetch for t in CUDA_CHUNK_ROWS):
                     continue
                 for stages in STAGES if prefetch in PIPELINED_PREFETCH else (1,):
                     regs = fused_registers(s, vectors * vec, prefetch, size, stages)
-                    fits = regs <= fused_register_limit(threads) or (prefetch, stages) == (1, 1)
+                    fits = regs <= limit or (prefetch, stages) == (1, 1)
                     if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
-                        out.append((threads, vec, prefetch, stages))
+                        out.append((threads, vec, prefetch, stages, False))
+                        weights = fused_registers(s, vectors * vec, prefetch, size, stages, weight_bytes)
+                        if weights <= limit:
+                            out.append((threads, vec, prefetch, stages, True))
     # very wide rows (65536) have no variant within the limit: the widest one, spilling if it must
-    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1)]
+    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1, False)]
 
 
 # The thread counts from which a row sum takes barriers (TVM's allreduce over several warps),
@@ -353,7 +365,7 @@ def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
 def population_points(key: NormKey, kind: str) -> int:
     """The points a search round draws for ``key`` (tune._search): the space's size, but on CUDA
     without the full_chunks and stream factors, and for the fused backward without the
-    min_blocks one, which together multiply it by up to 16 (23 -> 352 points at layernorm 8192,
+    min_blocks one, which together multiply it by up to 16 (38 -> 592 points at layernorm 8192,
     the smallest bwd space, which sets a batch's population). Drawing costs ~35 ms a point and
     task on the H200 host, and a round of a backward task measures 8."""
     if kind == "cuda":
