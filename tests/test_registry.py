@@ -444,6 +444,50 @@ def test_cuda_backward_holds_its_dx_at_shorter_chunks():
     assert small_dx_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
 
 
+def test_cuda_backward_holds_its_decode_backward():
+    """Every CUDA backward key's kernels include the decode backward (build.decode_funcs): dx
+    without partials (no T) and wgrad (int32 rows: test_codegen's index-width test); forwards
+    and llvm have none. A call of 1 to
+    DECODE_BWD_ROWS rows that fits int32 offsets runs it; larger, empty and int64 calls do not."""
+    from tvmnorm.build import decode_funcs, decode_prefix, key_funcs
+    from tvmnorm.compute.norms import ROWS_PER_PARTIAL_ATTR
+    from tvmnorm.runtime import DECODE_BWD_ROWS, NormKernel
+    for key in (NormKey(stage="bwd", hidden_size=8192), NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000)):
+        funcs = key_funcs(key, "cuda")
+        dx, wgrad = funcs[f"{decode_prefix(key)}_dx"], funcs[f"{decode_prefix(key)}_wgrad"]
+        assert dx.attrs is None or ROWS_PER_PARTIAL_ATTR not in dx.attrs
+        assert [p.name for p in wgrad.params][-key.column_sums:] in (["dgamma"], ["wgrad.v0", "wgrad.v1"])
+    assert decode_funcs(NormKey(hidden_size=8192), "cuda") == {}
+    assert decode_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
+    key = NormKey(stage="bwd", hidden_size=4096)
+    kernel = NormKernel(key, "cuda", {}, True, "test", decode={"dx": object(), "wgrad": object()})
+    assert [kernel.decodes(r) for r in (0, 1, DECODE_BWD_ROWS, DECODE_BWD_ROWS + 1)] == [False, True, True, False]
+    assert not NormKernel(key, "cuda", {}, True, "test").decodes(1)
+
+
+@pytest.mark.parametrize("norm,stage,dtype,hidden,zc", [
+    ("rmsnorm", "bwd", "bf16", 4096, False), ("layernorm", "bwd", "bf16", 1000, False),
+    ("rmsnorm", "bwd_add", "fp32", 1000, True), ("layernorm", "bwd_add", "fp16", 4095, True)])
+@pytest.mark.parametrize("rows", [1, 7, 256])
+def test_decode_backward_matches_float64(norm, stage, dtype, hidden, zc, rows, rng, seed):
+    """The decode backward's computes (dx without partials, wgrad's column sums of dy and x),
+    run through the runtime's decode path on llvm, against the float64 reference: the CUDA
+    library runs the same computes (its schedules are checked on the GPU, test_gpu_core)."""
+    from tvmnorm.build import compile_funcs
+    from tvmnorm.compute.norms import decode_funcs
+    from tvmnorm.runtime import NormKernel
+    from tvmnorm.sched.default import default_schedule
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden,
+                  zero_centered_gamma=zc)
+    scheduled = {f.attrs["global_symbol"]: default_schedule(f, part, "llvm").mod["main"].with_attr(
+        "global_symbol", f.attrs["global_symbol"]) for part, f in decode_funcs(key, "llvm").items()}
+    mod = compile_funcs(scheduled, "llvm").mod
+    decode = {p: mod[f"{key.name}_{p}"] for p in ("dx", "wgrad")}
+    kernel = NormKernel(key, "llvm", {}, False, "test", decode=decode)
+    inputs = make_inputs(key, rows, rng)
+    check_outputs(key, inputs, call(kernel, inputs, rows), f"decode {key.name} rows={rows} seed={seed}")
+
+
 def test_int32_slack_covers_the_largest_block_of_the_space():
     """fits_int32 leaves room for the rows a last block reaches past the end: the most rows any
     point of the CUDA space puts in one block (chunk lanes x T for the fused dx kernel)."""

@@ -77,9 +77,14 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
             Trace.apply_json_to_schedule(trace, sch)
         else:
             sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
-        symbol = func.attrs["global_symbol"]
-        out[symbol] = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
+        out.update(_kernel(sch, func))
     return out
+
+
+def _kernel(sch, func) -> dict:
+    """{symbol: the scheduled PrimFunc} of ``func`` (its global symbol) scheduled by ``sch``."""
+    symbol = func.attrs["global_symbol"]
+    return {symbol: sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)}
 
 
 # On CUDA a key's row kernels (the forward and the backward's dx: the kernels that walk x) come
@@ -110,12 +115,13 @@ def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
     """Every kernel a library (or the default-kernel cache) holds for a key: its parts, the
     int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward the
     small-call kernel (small_call_funcs), and for a CUDA backward its dx at shorter chunks
-    (small_dx_funcs)."""
+    (small_dx_funcs) and its decode backward (decode_funcs)."""
     funcs = scheduled_funcs(key, kind, record)
     if kind == "cuda":
         funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
                                      prefix=narrow_prefix(key)))
         funcs.update(small_dx_funcs(key, kind))
+        funcs.update(decode_funcs(key, kind))
     if record and key.stage == "fwd":
         funcs.update(small_call_funcs(key, kind))
     return funcs
@@ -135,6 +141,26 @@ def small_dx_prefix(key: NormKey, t: int) -> str:
 
 def small_dx_symbol(key: NormKey, t: int) -> str:
     return f"{small_dx_prefix(key, t)}_dx"
+
+
+def decode_prefix(key: NormKey) -> str:
+    return f"{key.name}_decode"
+
+
+def decode_funcs(key: NormKey, kind: str) -> dict:
+    """The decode backward of a CUDA backward key (compute.norms.decode_funcs: dx without
+    partials, then wgrad's column sums of dy and x), default-scheduled, int32 rows, under
+    ``<key>_decode_dx`` and ``<key>_decode_wgrad``; the runtime runs it for calls of at most
+    runtime.DECODE_BWD_ROWS rows."""
+    if kind != "cuda" or key.stage not in ("bwd", "bwd_add"):
+        return {}
+    from .compute.norms import decode_funcs as decode_computes
+    from .compute.norms import symbolic_rows
+    from .sched.default import default_schedule
+    out = {}
+    for part, func in decode_computes(key, kind, rows=symbolic_rows(32), prefix=decode_prefix(key)).items():
+        out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
+    return out
 
 
 def small_dx_funcs(key: NormKey, kind: str) -> dict:

@@ -28,8 +28,9 @@ import pathlib
 import threading
 import warnings
 
-from .build import (LIBRARY, MANIFEST, NARROW_PARTS, SMALL_DX_CHUNK_ROWS, chunk_rows_of, compile_funcs, file_sha256,
-                    key_funcs, narrow_prefix, scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
+from .build import (LIBRARY, MANIFEST, NARROW_PARTS, SMALL_DX_CHUNK_ROWS, chunk_rows_of, compile_funcs, decode_prefix,
+                    file_sha256, key_funcs, narrow_prefix, scheduled_funcs, small_call_symbol, small_dx_symbol,
+                    source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, target_name
 
@@ -131,6 +132,12 @@ def is_small_call(key: NormKey, rows: int) -> bool:
 #   either more (layernorm 8192 x 256: 55.9 -> 33.5; layernorm 128 x 2048: 17.6 -> 14.2);
 # - else one row a chunk (rmsnorm 8192 x 64 rows: 16.9 us; the own T = 64, one block, 124.1).
 FULL_GRID_CHUNKS = 256
+# A CUDA backward call of at most this many rows runs the decode backward (build.decode_funcs:
+# dx with no partials, then wgrad's column sums of dy and x) instead of the dx at short chunks
+# and finalize: at 64 and 256 tokens the dx at T = 1 or 8 and finalize took 1.5-3x torch eager's
+# two kernels on the H200 (bench/results/h200-run19/decode-bwd-kernels.txt), which compute the
+# weight gradient that way.
+DECODE_BWD_ROWS = 256
 SHORT_CHUNKS = 32
 SHORT_PARTIALS = 1 << 20
 
@@ -170,7 +177,7 @@ class NormKernel:
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
                  chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64,
-                 narrow: dict | None = None, wide=None, small_dx: dict | None = None):
+                 narrow: dict | None = None, wide=None, small_dx: dict | None = None, decode: dict | None = None):
         self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
         self.row_bits = row_bits  # 32: kernels with an int32 row count (compute.symbolic_rows)
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
@@ -182,6 +189,7 @@ class NormKernel:
         self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
         self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
+        self._decode = decode or {}  # "dx", "wgrad": the decode backward (int32 rows)
         self._ctype = TVM_DTYPE[key.ctype]
 
     def parts_for(self, rows: int) -> dict:
@@ -210,6 +218,10 @@ class NormKernel:
         """The T of the backward's own dx kernel (the record's, else the default's)."""
         from .compute.norms import rows_per_partial
         return self.chunk_rows or rows_per_partial(self.key, self.kind)
+
+    def decodes(self, rows: int) -> bool:
+        """Whether a backward call of ``rows`` rows runs the decode backward (DECODE_BWD_ROWS)."""
+        return bool(self._decode) and 0 < rows <= DECODE_BWD_ROWS and fits_int32(rows, self.key.hidden_size)
 
     def dx_for(self, rows: int) -> tuple:
         """(T, the dx kernel) a backward call of ``rows`` rows runs: the key's own T, or a shorter
@@ -259,6 +271,11 @@ class NormKernel:
         stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
         s = self.key.column_sums
         dx_args = [a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"]]
+        wgrad = [a["dgamma"], *([a["dbeta"]] if ln else [])]
+        if self.decodes(rows):
+            self._decode["dx"](*dx_args)
+            self._decode["wgrad"](a["dy"], a["x"], *stats, *wgrad)
+            return
         if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a
             # zero-extent partial array is refused: torch gives it strides that are not the
@@ -275,7 +292,7 @@ class NormKernel:
                 mid = _alloc(a["x"], (s, mid_rows, self.key.hidden_size), self._ctype)
                 self._f["combine"](part, mid)
                 part = mid
-        self._f["finalize"](part, a["dgamma"], *([a["dbeta"]] if ln else []))
+        self._f["finalize"](part, *wgrad)
 
 
 def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64, wide=None):
@@ -287,12 +304,14 @@ def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits
     narrow = {p: mod[f"{narrow_prefix(key)}_{p}"] for p in NARROW_PARTS if have(f"{narrow_prefix(key)}_{p}")}
     small = {"fwd": mod[small_call_symbol(key)]} if have(small_call_symbol(key)) else None
     small_dx = {t: mod[small_dx_symbol(key, t)] for t in SMALL_DX_CHUNK_ROWS if have(small_dx_symbol(key, t))}
+    decode = {p: mod[f"{decode_prefix(key)}_{p}"] for p in ("dx", "wgrad")} if all(
+        have(f"{decode_prefix(key)}_{p}") for p in ("dx", "wgrad")) else None
     funcs = {p: mod[f"{key.name}_{p}"] for p in parts_of(key, kind) if have(f"{key.name}_{p}")}
     lacking = [p for p in parts_of(key, kind) if p not in funcs]
     if lacking and (wide is None or any(p not in narrow for p in lacking)):
         raise ValueError(f"module for {key.name} lacks its {', '.join(lacking)} kernel")
     return NormKernel(key, kind, funcs, tuned, origin, chunk_rows, small, row_bits, narrow,
-                      wide if lacking else None, small_dx)
+                      wide if lacking else None, small_dx, decode)
 
 
 def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64, group_rows: int = 1) -> NormKernel:

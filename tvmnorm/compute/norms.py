@@ -335,14 +335,15 @@ def _group_sums(N, H, P, terms, name):
     return pick
 
 
-def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_rows=1):
+def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_rows=1, partials=True):
     """dx = rsigma * (dy*g - mean(dy*g) [LN only] - xhat * mean(dy*g*xhat)) (+ dz for bwd_add),
     and the weight-gradient partials of chunks of T = rows_per_partial(key, kind) rows:
     part[0, q, j] = sum_t dy*xhat and (LayerNorm) part[1, q, j] = sum_t dy over rows q*T + t < n.
     One reduction block with an s axis computes both (TVM's tuple reductions miscompile bf16 on
     llvm), so dy and x are read once for both sums. ``chunk_rows`` overrides T (a tuned record's
     ``rows_per_partial``). ``group_rows`` P > 1 (CUDA, P dividing T) computes the row sums of P
-    rows as one reduction (_group_sums)."""
+    rows as one reduction (_group_sums). ``partials`` False leaves the partials out: dx alone,
+    a row kernel like the forward (the decode backward's, with ``wgrad``)."""
     c, up, gamma = _loaders(key)
     N = _rows(rows)
     T = chunk_rows or rows_per_partial(key, kind)
@@ -398,6 +399,8 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_row
         grad = lambda i, j: base(i, j) + up(dz[i, j])  # noqa: E731
     out = te.compute((N, H), lambda i, j: grad(i, j).astype(TVM_DTYPE[key.itype]), name="dx")
     ins = [dy, x] + ([mu] if mu is not None else []) + [rs, w] + extra
+    if not partials:
+        return _func(ins + [out], name)
     # ceildiv written as the schedule's split writes the outer extent, so merging the dx row
     # chunks with the partial loop sees the same extent
     Q = -(-N // T) if isinstance(N, int) else tirx.floordiv(N + (T - 1), T)
@@ -420,6 +423,47 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_row
         q * T + t < N, term(s_, row(q, t), j), zero), axis=t), name="part")
     func = _func(ins + [out, part], name).with_attr(ROWS_PER_PARTIAL_ATTR, T)
     return func.with_attr(ROWS_PER_GROUP_ATTR, P) if P > 1 else func
+
+
+def wgrad(key: NormKey, kind: str, rows=None, name="wgrad"):
+    """dgamma[j] = sum_i dy*xhat and (LayerNorm) dbeta[j] = sum_i dy over all rows, from dy and
+    x themselves, cast to wtype: the decode backward's weight gradient, a column sum as
+    finalize's over partial rows (and scheduled as it), with no partials written by the dx. At
+    a few hundred rows the partial rows cost more than reading dy and x again (from L2): torch
+    eager's backward also sums the weight gradient apart from dx, by column tiles, and its two
+    kernels took 10.5 us against our dx (T = 8) and finalize's 19.0 at rmsnorm 7168 x 256 rows
+    on the H200 (bench/results/h200-run19/decode-bwd-kernels.txt)."""
+    c, up, _ = _loaders(key)
+    N = _rows(rows)
+    idx = "int64" if _wide(N) and kind == "cuda" else "int32"
+    H = tirx.const(key.hidden_size, idx)
+    dy, x, mu, rs = _bwd_inputs(key, N, H)
+    xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
+            else (lambda i, j: up(x[i, j]) * rs[i]))
+    wt = TVM_DTYPE[key.wtype]
+    ins = [dy, x] + ([mu] if mu is not None else []) + [rs]
+    if mu is not None and kind == "cuda":
+        # one tuple reduction, as finalize's: both sums reduced across the lanes together
+        i = te.reduce_axis((0, N), name="i")
+        pair = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="pair_sum")
+        accs = te.compute((H,), lambda j: pair((up(dy[i, j]) * xhat(i, j), up(dy[i, j])), axis=i), name="wgrad_acc")
+        outs = te.compute((H,), lambda j: tuple(a[j].astype(wt) for a in accs), name="wgrad")
+        return _func(ins + [*outs], name)
+    terms = [lambda i_, j: up(dy[i_, j]) * xhat(i_, j)] + ([lambda i_, j: up(dy[i_, j])] if mu is not None else [])
+    outs = []
+    for term, nm in zip(terms, ("dgamma", "dbeta")):
+        i = te.reduce_axis((0, N), name="i")
+        acc = te.compute((H,), lambda j: te.sum(term(i, j), axis=i), name=f"{nm}_acc")
+        outs.append(te.compute((H,), lambda j: acc[j].astype(wt), name=nm))
+    return _func(ins + outs, name)
+
+
+def decode_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
+    """The decode backward of a bwd key: part name -> PrimFunc, ``dx`` (no partials) and
+    ``wgrad``, global symbols ``<prefix>_<part>``."""
+    prefix = prefix or key.name
+    return {"dx": dx(key, kind, rows, f"{prefix}_dx", partials=False), "wgrad": wgrad(key, kind, rows, f"{prefix}_wgrad")}
 
 
 def _partial_count(partials):

@@ -81,6 +81,17 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
                          keep_y=True)
 
 
+def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
+    """The decode backward's dx (no partials: a row kernel, compute.norms.wgrad) as the
+    forward: its rows of dy and x kept in registers, fwd_cuda_heuristic's threads and vectors,
+    where both rows fit KEPT_ROW_BYTES together (every catalog width); wider rows are loaded by
+    each stage."""
+    cfg = fwd_cuda_heuristic(hidden, elem_bytes)
+    if cfg.keep_row and 2 * -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec * elem_bytes > KEPT_ROW_BYTES:
+        return cuda_row_heuristic(hidden, elem_bytes)
+    return dataclasses.replace(cfg, keep_y=False)
+
+
 def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     """The row heuristic with at most 2 vectors per thread (each thread also keeps a running sum
     per element), and as many rows loaded at once (prefetch) as fit 96 registers of sums and
@@ -274,16 +285,19 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
     hidden = _hidden_of(func, part)
     if target_kind == "cuda":
         if part in ROW_PARTS:
-            if part == "dx" and is_fused(func):
-                return schedule_rows_cuda(func, fused_cuda_heuristic(func, hidden, itype_bytes))
+            if part == "dx":
+                rule = fused_cuda_heuristic(func, hidden, itype_bytes) if is_fused(func) else \
+                    decode_dx_heuristic(hidden, itype_bytes)
+                return schedule_rows_cuda(func, rule)
             return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
-        return {"finalize": _cuda_finalize, "combine": _cuda_combine, "amax": _cuda_amax,
+        # wgrad (the decode backward's column sums of dy and x) is finalize's column sum
+        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "combine": _cuda_combine, "amax": _cuda_amax,
                 "amax_one": _cuda_amax_one}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
     if part == "amax_one":
         return Schedule(func)  # a serial loop over the rows' maxima
-    return {"finalize": _cpu_finalize, "combine": _cpu_combine, "amax": _cpu_amax}[part](func)
+    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "combine": _cpu_combine, "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):

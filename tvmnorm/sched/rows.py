@@ -367,8 +367,9 @@ def _annotate_if_set(sch, loop, key: str, value) -> None:
 # The fused dx kernel's operands that every stage of a row reads (the reductions, dx and the
 # partial sums): loaded once into registers shared by all of them.
 ROW_OPERANDS = ("dy", "x")
-# The forward's (the reductions, y and fp8's amax), with ``keep_row``.
-FWD_ROW_OPERANDS = ("x",)
+# The forward's (the reductions, y and fp8's amax), with ``keep_row``; and the decode backward's
+# dx (compute.norms.wgrad: a dx without partials, scheduled as a forward), which reads dy too.
+FWD_ROW_OPERANDS = ("dy", "x")
 
 
 def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
