@@ -15,8 +15,9 @@ gets), each checked against the library's dx and partials (run it with a library
 schedules). With --chunk-rows 32,64 it also times the whole call under the default rule with
 chunks of each T (the default's own T is compute.norms.rows_per_partial's), checked against the
 library's call. With --small-rows 1,64,256,... it times whole calls of those rows at each T the
-kernel holds (its own and build.SMALL_DX_CHUNK_ROWS'), each checked against the call at the T
-runtime.dx_chunk_rows picks: what that rule's FULL_GRID_CHUNKS is chosen by.
+kernel holds (its own and build.SMALL_DX_CHUNK_ROWS') and through the decode backward
+(build.decode_funcs), each checked against the call the runtime makes: what the rules'
+FULL_GRID_CHUNKS and DECODE_BWD_ROWS are chosen by.
 """
 from __future__ import annotations
 
@@ -142,28 +143,33 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
 
 def small_calls(norm: str, h: int, rows_list) -> list:
     """Whole backward calls of few rows at every T the key's kernel holds (runtime.dx_for's
-    choices, forced one at a time), against the call at the T the runtime picks."""
+    choices, forced one at a time, the decode backward off), and through the decode backward
+    (runtime.DECODE_BWD_ROWS, forced at any rows), against what the runtime picks."""
     from tvmnorm import runtime
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     own = k.own_chunk_rows()
-    pick = runtime.dx_chunk_rows
+    pick, decode_rows, decode = runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS, k._decode
     out = []
     for rows in rows_list:
         dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
         want = [torch.empty_like(x)] + [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
         k(dy, x, *stats, gamma, *want)
         want = [w.float() for w in want]
-        r = {"norm": norm, "hidden": h, "rows": rows, "own_T": own, "picked_T": k.dx_for(rows)[0], "T": {}}
+        r = {"norm": norm, "hidden": h, "rows": rows, "own_T": own,
+             "picked_T": "decode" if k.decodes(rows) else k.dx_for(rows)[0], "T": {}}
         try:
-            for t in sorted({own, *SMALL_DX_CHUNK_ROWS}):
-                runtime.dx_chunk_rows = lambda *_, t=t: t  # whatever the rule's arguments
+            for t in sorted({own, *SMALL_DX_CHUNK_ROWS}) + (["decode"] if decode else []):
+                if t == "decode":
+                    runtime.dx_chunk_rows, k._decode, runtime.DECODE_BWD_ROWS = pick, decode, max(rows_list)
+                else:
+                    runtime.dx_chunk_rows, k._decode = (lambda *_, t=t: t), {}  # whatever the rule's arguments
                 got = [torch.full_like(w, float("nan"), dtype=torch.bfloat16) for w in want]
                 k(dy, x, *stats, gamma, *got)
                 r["T"][t] = {"us": probe_us(lambda: k(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
         finally:
-            runtime.dx_chunk_rows = pick
+            runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS, k._decode = pick, decode_rows, decode
         out.append(r)
     return out
 
@@ -215,7 +221,7 @@ def small_main(args):
         for h in (int(v) for v in args.hidden.split(",")):
             for r in small_calls(norm, h, rows_list):
                 out.append(r)
-                print(f"{norm:9s} H={h:5d} rows={r['rows']:6d} picked T={r['picked_T']:3d} "
+                print(f"{norm:9s} H={h:5d} rows={r['rows']:6d} picked T={r['picked_T']!s:>6s} "
                       + "  ".join(f"T{t} {v['us']:6.1f} (err {v['rel_err']:.0e})" for t, v in r["T"].items()),
                       flush=True)
     pathlib.Path(args.out, "bwd-small.json").write_text(json.dumps({"meta": probe_meta(None), "records": out}, indent=1))

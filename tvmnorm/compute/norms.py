@@ -433,7 +433,7 @@ def wgrad(key: NormKey, kind: str, rows=None, name="wgrad"):
     eager's backward also sums the weight gradient apart from dx, by column tiles, and its two
     kernels took 10.5 us against our dx (T = 8) and finalize's 19.0 at rmsnorm 7168 x 256 rows
     on the H200 (bench/results/h200-run19/decode-bwd-kernels.txt)."""
-    c, up, _ = _loaders(key)
+    _, up, _ = _loaders(key)
     N = _rows(rows)
     idx = "int64" if _wide(N) and kind == "cuda" else "int32"
     H = tirx.const(key.hidden_size, idx)
