@@ -14,7 +14,7 @@ import pytest
 
 from conftest import call, check_outputs, make_inputs
 from tvmnorm import NormKey
-from tvmnorm.build import build_library, compile_funcs, key_funcs, scheduled_funcs
+from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
 from tvmnorm.runtime import Registry
 from tvmnorm.sched.space import TUNED_PARTS, cuda_thread_choices, cuda_vec_choices, design_spaces, space_fn
@@ -52,7 +52,10 @@ def test_design_space_replays_on_symbolic_rows(key, kind):
             assert not is_default_trace(sch.trace)
             trace = sch.trace.simplified(remove_postproc=True)
             record = {"parts": {part: json.loads(json.dumps(trace.as_json(), default=lambda o: o.value))}}
-            funcs = key_funcs(key, kind, record)
+            # the replayed kernel alone, at each index width a library holds it (build.key_funcs)
+            funcs = scheduled_funcs(key, kind, record, parts=(part,))
+            if kind == "cuda":
+                funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=(part,), prefix=narrow_prefix(key)))
             if kind == "llvm":
                 compile_funcs(funcs, kind)
             else:
