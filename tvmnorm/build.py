@@ -143,6 +143,10 @@ def small_dx_symbol(key: NormKey, t: int) -> str:
     return f"{small_dx_prefix(key, t)}_dx"
 
 
+# The decode backward's kernels (compute.norms.decode_funcs), in call order.
+DECODE_PARTS = ("dx", "wgrad")
+
+
 def decode_prefix(key: NormKey) -> str:
     return f"{key.name}_decode"
 

@@ -335,6 +335,36 @@ def _group_sums(N, H, P, terms, name):
     return pick
 
 
+def _pair_sum():
+    """Two running sums as one tuple reduction: on cuda one cross-thread allreduce of both."""
+    return te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                           lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="pair_sum")
+
+
+def _xhat(up, x, mu, rs):
+    """xhat[i, j] = (x - mu) * rsigma (x * rsigma for RMSNorm, whose ``mu`` is None)."""
+    if mu is None:
+        return lambda i, j: up(x[i, j]) * rs[i]
+    return lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]
+
+
+def _column_sums(H, n, terms, wt: str, kind: str, axis: str) -> list:
+    """out_s[j] = sum over r < ``n`` of ``terms[s](r, j)``, cast to ``wt``: dgamma (and dbeta).
+    On cuda LayerNorm's two sums are one tuple reduction: one kernel reduces both across its
+    lanes together, where two kernels each paid a launch and a tree of barriers (llvm keeps one
+    block each: TVM's tuple reductions miscompile there, see dx)."""
+    if len(terms) == 2 and kind == "cuda":
+        r = te.reduce_axis((0, n), name=axis)
+        accs = te.compute((H,), lambda j: _pair_sum()((terms[0](r, j), terms[1](r, j)), axis=r), name="wgrad_acc")
+        return list(te.compute((H,), lambda j: tuple(a[j].astype(wt) for a in accs), name="wgrad"))
+    outs = []
+    for term, nm in zip(terms, ("dgamma", "dbeta")):
+        r = te.reduce_axis((0, n), name=axis)
+        acc = te.compute((H,), lambda j: te.sum(term(r, j), axis=r), name=f"{nm}_acc")
+        outs.append(te.compute((H,), lambda j: acc[j].astype(wt), name=nm))
+    return outs
+
+
 def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_rows=1, partials=True):
     """dx = rsigma * (dy*g - mean(dy*g) [LN only] - xhat * mean(dy*g*xhat)) (+ dz for bwd_add),
     and the weight-gradient partials of chunks of T = rows_per_partial(key, kind) rows:
@@ -360,8 +390,7 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_row
     w = te.placeholder((H,), TVM_DTYPE[key.wtype], name="gamma")
     g = gamma(w)
     inv_h = tirx.const(1.0 / key.hidden_size, c)
-    xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
-            else (lambda i, j: up(x[i, j]) * rs[i]))
+    xhat = _xhat(up, x, mu, rs)
     dyg = lambda i, j: up(dy[i, j]) * g(j)  # noqa: E731
     k = te.reduce_axis((0, H), name="k")
     if P > 1:
@@ -375,9 +404,7 @@ def dx(key: NormKey, kind: str, rows=None, name="dx", chunk_rows=None, group_row
         # allreduce of two values per row instead of two chained ones, which halves the
         # barriers per row of a multi-warp row. c2 drops the -mean(dyg) term, which multiplies
         # sum(xhat) = 0 (up to the rounding of the saved mu), as Apex and Liger do.
-        pair = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
-                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="pair_sum")
-        c1, c2 = te.compute((N,), lambda i: pair((dyg(i, k), dyg(i, k) * xhat(i, k)), axis=k), name="c12")
+        c1, c2 = te.compute((N,), lambda i: _pair_sum()((dyg(i, k), dyg(i, k) * xhat(i, k)), axis=k), name="c12")
         corr = lambda i, j: (c1[i] + xhat(i, j) * c2[i]) * inv_h  # noqa: E731
     elif mu is not None:
         k1 = te.reduce_axis((0, H), name="k1")
@@ -435,35 +462,20 @@ def wgrad(key: NormKey, kind: str, rows=None, name="wgrad"):
     on the H200 (bench/results/h200-run19/decode-bwd-kernels.txt)."""
     _, up, _ = _loaders(key)
     N = _rows(rows)
-    idx = "int64" if _wide(N) and kind == "cuda" else "int32"
-    H = tirx.const(key.hidden_size, idx)
+    H = tirx.const(key.hidden_size, "int64" if _wide(N) and kind == "cuda" else "int32")
     dy, x, mu, rs = _bwd_inputs(key, N, H)
-    xhat = ((lambda i, j: (up(x[i, j]) - mu[i]) * rs[i]) if mu is not None
-            else (lambda i, j: up(x[i, j]) * rs[i]))
-    wt = TVM_DTYPE[key.wtype]
-    ins = [dy, x] + ([mu] if mu is not None else []) + [rs]
-    if mu is not None and kind == "cuda":
-        # one tuple reduction, as finalize's: both sums reduced across the lanes together
-        i = te.reduce_axis((0, N), name="i")
-        pair = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
-                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="pair_sum")
-        accs = te.compute((H,), lambda j: pair((up(dy[i, j]) * xhat(i, j), up(dy[i, j])), axis=i), name="wgrad_acc")
-        outs = te.compute((H,), lambda j: tuple(a[j].astype(wt) for a in accs), name="wgrad")
-        return _func(ins + [*outs], name)
-    terms = [lambda i_, j: up(dy[i_, j]) * xhat(i_, j)] + ([lambda i_, j: up(dy[i_, j])] if mu is not None else [])
-    outs = []
-    for term, nm in zip(terms, ("dgamma", "dbeta")):
-        i = te.reduce_axis((0, N), name="i")
-        acc = te.compute((H,), lambda j: te.sum(term(i, j), axis=i), name=f"{nm}_acc")
-        outs.append(te.compute((H,), lambda j: acc[j].astype(wt), name=nm))
-    return _func(ins + outs, name)
+    xhat = _xhat(up, x, mu, rs)
+    terms = [lambda i, j: up(dy[i, j]) * xhat(i, j)] + ([lambda i, j: up(dy[i, j])] if mu is not None else [])
+    outs = _column_sums(H, N, terms, TVM_DTYPE[key.wtype], kind, "i")
+    return _func([dy, x] + ([mu] if mu is not None else []) + [rs] + outs, name)
 
 
 def decode_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
     """The decode backward of a bwd key: part name -> PrimFunc, ``dx`` (no partials) and
     ``wgrad``, global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
-    return {"dx": dx(key, kind, rows, f"{prefix}_dx", partials=False), "wgrad": wgrad(key, kind, rows, f"{prefix}_wgrad")}
+    return {"dx": dx(key, kind, rows, f"{prefix}_dx", partials=False),
+            "wgrad": wgrad(key, kind, rows, f"{prefix}_wgrad")}
 
 
 def _partial_count(partials):
@@ -473,30 +485,16 @@ def _partial_count(partials):
 
 
 def finalize(key: NormKey, kind: str, name="finalize", partials=None):
-    """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype. The partial
-    count p = ceildiv(rows, T) is symbolic; the runtime passes one zero partial for no rows.
-    On cuda LayerNorm's two sums are one tuple reduction: one kernel reads both partial rows and
-    reduces both sums across its lanes together, where two kernels each paid a launch and a
-    tree of barriers (llvm keeps two blocks: TVM's tuple reductions miscompile there, see dx)."""
+    """dgamma[j] = sum_q part[0, q, j] (and dbeta from part[1]), cast to wtype (_column_sums).
+    The partial count p = ceildiv(rows, T) is symbolic; the runtime passes one zero partial for
+    no rows."""
     c = TVM_DTYPE[key.ctype]
     H = key.hidden_size
     P = _partial_count(partials)
     S = key.column_sums
     part = te.placeholder((S, P, H), c, name="part")
-    wt = TVM_DTYPE[key.wtype]
-    if S == 2 and kind == "cuda":
-        q = te.reduce_axis((0, P), name="q")
-        pair = te.comm_reducer(lambda a, b: (a[0] + b[0], a[1] + b[1]),
-                               lambda t0, t1: (tirx.const(0.0, t0), tirx.const(0.0, t1)), name="pair_sum")
-        accs = te.compute((H,), lambda j: pair((part[0, q, j], part[1, q, j]), axis=q), name="wgrad_acc")
-        outs = te.compute((H,), lambda j: tuple(a[j].astype(wt) for a in accs), name="wgrad")
-        return _func([part, *outs], name)
-    outs = []
-    for s, nm in zip(range(S), ("dgamma", "dbeta")):
-        q = te.reduce_axis((0, P), name="q")
-        acc = te.compute((H,), lambda j: te.sum(part[s, q, j], axis=q), name=f"{nm}_acc")
-        outs.append(te.compute((H,), lambda j: acc[j].astype(wt), name=nm))
-    return _func([part] + outs, name)
+    terms = [lambda q, j, s_=s_: part[s_, q, j] for s_ in range(S)]
+    return _func([part] + _column_sums(H, P, terms, TVM_DTYPE[key.wtype], kind, "q"), name)
 
 
 # Partials summed per group by ``combine``. finalize alone parallelises over columns only: at

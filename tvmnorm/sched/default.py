@@ -82,7 +82,7 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
-    """The decode backward's dx (no partials: a row kernel, compute.norms.wgrad) as the
+    """The decode backward's dx (compute.norms.dx without partials: a row kernel) as the
     forward: its rows of dy and x kept in registers, fwd_cuda_heuristic's threads and vectors,
     where both rows fit KEPT_ROW_BYTES together (every catalog width); wider rows are loaded by
     each stage."""

@@ -368,7 +368,7 @@ def _annotate_if_set(sch, loop, key: str, value) -> None:
 # partial sums): loaded once into registers shared by all of them.
 ROW_OPERANDS = ("dy", "x")
 # The forward's (the reductions, y and fp8's amax), with ``keep_row``; and the decode backward's
-# dx (compute.norms.wgrad: a dx without partials, scheduled as a forward), which reads dy too.
+# dx (compute.norms.dx without partials, scheduled as a forward), which reads dy too.
 FWD_ROW_OPERANDS = ("dy", "x")
 
 
