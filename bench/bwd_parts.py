@@ -17,7 +17,8 @@ chunks of each T (the default's own T is compute.norms.rows_per_partial's), chec
 library's call. With --small-rows 1,64,256,... it times whole calls of those rows at each T the
 kernel holds (its own and build.SMALL_DX_CHUNK_ROWS') and through the decode backward
 (build.decode_funcs), each checked against the call the runtime makes: what the rules'
-FULL_GRID_CHUNKS and DECODE_BWD_ROWS are chosen by.
+FULL_GRID_CHUNKS and DECODE_BWD_ROWS are chosen by; with --wgrad 32x16,64x8x4 also the decode
+backward with its wgrad kernel split those ways (as --finalize's).
 """
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ def finalize_variant(key, columns: int, lanes: int, unroll: int):
     sch = _cuda_finalize(finalize(key, "cuda", "f"), columns, lanes, unroll)
     return compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
                          "cuda").mod["f"]
+
+
+def wgrad_variant(key, columns: int, lanes: int, unroll: int):
+    """The key's decode wgrad kernel (int32 rows, as build.decode_funcs compiles it) with another
+    finalize split and unroll, compiled on its own."""
+    from tvmnorm.build import compile_funcs
+    from tvmnorm.compute.norms import symbolic_rows, wgrad
+    from tvmnorm.sched.default import _cuda_finalize
+    sch = _cuda_finalize(wgrad(key, "cuda", symbolic_rows(32), "w"), columns, lanes, unroll)
+    return compile_funcs({"w": sch.mod["main"].with_attr("global_symbol", "w").with_attr("tirx.is_scheduled", True)},
+                         "cuda").mod["w"]
 
 
 def dx_variant(key, threads: int, prefetch: int, stages: int, bits: int = 64, group: int = 1, min_blocks: int = 1,
@@ -141,16 +153,19 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
     return r
 
 
-def small_calls(norm: str, h: int, rows_list) -> list:
+def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
     """Whole backward calls of few rows at every T the key's kernel holds (runtime.dx_for's
     choices, forced one at a time, the decode backward off), and through the decode backward
-    (runtime.DECODE_BWD_ROWS, forced at any rows), against what the runtime picks."""
+    (runtime.DECODE_BWD_ROWS, forced at any rows; again with its wgrad split each of the
+    ``wgrad_splits`` ways, "decode@CxLxU"), against what the runtime picks."""
     from tvmnorm import runtime
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     own = k.own_chunk_rows()
     pick, decode_rows, decode = runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS, k._decode
+    ways = {"decode": decode.get("wgrad")} if decode else {}
+    ways.update({f"decode@{'x'.join(map(str, w))}": wgrad_variant(key, *w) for w in (wgrad_splits if decode else ())})
     out = []
     for rows in rows_list:
         dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
@@ -160,9 +175,10 @@ def small_calls(norm: str, h: int, rows_list) -> list:
         r = {"norm": norm, "hidden": h, "rows": rows, "own_T": own,
              "picked_T": "decode" if k.decodes(rows) else k.dx_for(rows)[0], "T": {}}
         try:
-            for t in sorted({own, *SMALL_DX_CHUNK_ROWS}) + (["decode"] if decode else []):
-                if t == "decode":
-                    runtime.dx_chunk_rows, k._decode, runtime.DECODE_BWD_ROWS = pick, decode, max(rows_list)
+            for t in sorted({own, *SMALL_DX_CHUNK_ROWS}) + list(ways):
+                if t in ways:
+                    k._decode = {**decode, "wgrad": ways[t]}
+                    runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS = pick, max(rows_list)
                 else:
                     runtime.dx_chunk_rows, k._decode = (lambda *_, t=t: t), {}  # whatever the rule's arguments
                 got = [torch.full_like(w, float("nan"), dtype=torch.bfloat16) for w in want]
@@ -189,10 +205,12 @@ def main():
                     "e.g. 32,64 (run with a --no-tuned library: checked against its call)")
     ap.add_argument("--small-rows", default="", help="only whole calls of these rows at every T the kernel holds, "
                     "e.g. 1,64,256,1024 (bwd-small.json)")
+    ap.add_argument("--wgrad", default="", help="with --small-rows, also the decode backward with its wgrad split "
+                    "these ways, COLUMNSxLANES[xUNROLL], e.g. 32x16,64x8x4")
     args = ap.parse_args()
     if args.small_rows:
         return small_main(args)
-    variants = [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in args.finalize.split(",") if c]
+    variants = splits(args.finalize)
     # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1), FULL (0) and CW (0) where not given
     fields = [[int(v) for v in c.split("x")] for c in args.dx.split(",") if c]
     dx_points = [tuple(f + [64, 1, 1, 0, 0][len(f) - 3:]) for f in fields]
@@ -214,12 +232,18 @@ def main():
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 
 
+def splits(spec: str) -> list:
+    """COLUMNSxLANES[xUNROLL],...: (columns, lanes, unroll) each, FINALIZE_UNROLL unless given."""
+    return [(tuple(int(v) for v in c.split("x")) + (FINALIZE_UNROLL,))[:3] for c in spec.split(",") if c]
+
+
 def small_main(args):
     rows_list = [int(v) for v in args.small_rows.split(",")]
+    wgrad_splits = splits(args.wgrad)
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            for r in small_calls(norm, h, rows_list):
+            for r in small_calls(norm, h, rows_list, wgrad_splits):
                 out.append(r)
                 print(f"{norm:9s} H={h:5d} rows={r['rows']:6d} picked T={r['picked_T']!s:>6s} "
                       + "  ".join(f"T{t} {v['us']:6.1f} (err {v['rel_err']:.0e})" for t, v in r["T"].items()),
