@@ -17,7 +17,7 @@ chunks of each T (the default's own T is compute.norms.rows_per_partial's), chec
 library's call. With --small-rows 1,64,256,... it times whole calls of those rows at each T the
 kernel holds (its own and build.SMALL_DX_CHUNK_ROWS') and through the decode backward
 (build.decode_funcs), each checked against the call the runtime makes: what the rules'
-FULL_GRID_CHUNKS and DECODE_BWD_ROWS are chosen by; with --wgrad 32x16,64x8x4 also the decode
+FULL_GRID_CHUNKS, decode_bwd_rows and WGRAD_FEW_ROWS are chosen by; with --wgrad 32x16,64x8x4 also the decode
 backward with its wgrad kernel split those ways (as --finalize's).
 """
 from __future__ import annotations
@@ -156,16 +156,18 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
 def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
     """Whole backward calls of few rows at every T the key's kernel holds (runtime.dx_for's
     choices, forced one at a time, the decode backward off), and through the decode backward
-    (runtime.DECODE_BWD_ROWS, forced at any rows; again with its wgrad split each of the
-    ``wgrad_splits`` ways, "decode@CxLxU"), against what the runtime picks."""
+    (runtime.decode_bwd_rows, forced at any rows; again with both its wgrad kernels split each
+    of the ``wgrad_splits`` ways, "decode@CxLxU"), against what the runtime picks."""
     from tvmnorm import runtime
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     own = k.own_chunk_rows()
-    pick, decode_rows, decode = runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS, k._decode
-    ways = {"decode": decode.get("wgrad")} if decode else {}
-    ways.update({f"decode@{'x'.join(map(str, w))}": wgrad_variant(key, *w) for w in (wgrad_splits if decode else ())})
+    pick, decode_rows, decode = runtime.dx_chunk_rows, runtime.decode_bwd_rows, k._decode
+    ways = {"decode": decode} if decode else {}
+    for w in wgrad_splits if decode else ():
+        f = wgrad_variant(key, *w)
+        ways[f"decode@{'x'.join(map(str, w))}"] = {**decode, "wgrad": f, "wgrad_few": f}
     out = []
     for rows in rows_list:
         dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
@@ -177,15 +179,15 @@ def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
         try:
             for t in sorted({own, *SMALL_DX_CHUNK_ROWS}) + list(ways):
                 if t in ways:
-                    k._decode = {**decode, "wgrad": ways[t]}
-                    runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS = pick, max(rows_list)
+                    k._decode, runtime.dx_chunk_rows = ways[t], pick
+                    runtime.decode_bwd_rows = lambda _: max(rows_list)
                 else:
                     runtime.dx_chunk_rows, k._decode = (lambda *_, t=t: t), {}  # whatever the rule's arguments
                 got = [torch.full_like(w, float("nan"), dtype=torch.bfloat16) for w in want]
                 k(dy, x, *stats, gamma, *got)
                 r["T"][t] = {"us": probe_us(lambda: k(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
         finally:
-            runtime.dx_chunk_rows, runtime.DECODE_BWD_ROWS, k._decode = pick, decode_rows, decode
+            runtime.dx_chunk_rows, runtime.decode_bwd_rows, k._decode = pick, decode_rows, decode
         out.append(r)
     return out
 

@@ -203,21 +203,22 @@ def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, 
     run_and_check(cuda_kernels, key, rows, rng, seed, chunks=FULL_GRID_CHUNKS)
 
 
-@pytest.mark.parametrize("rows", (2, 64, 255, 256))
+@pytest.mark.parametrize("rows", (2, 63, 64, 65, 1000, 2048))
 @pytest.mark.parametrize("dtype,hidden", [("bf16", 1), ("fp32", 7), ("bf16", 128), ("bf16", 1000), ("fp16", 4095),
                                           ("bf16", 7168), ("fp32", 8192), ("bf16", 65536)])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 def test_cuda_decode_backward(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
-    """Calls of at most DECODE_BWD_ROWS rows run the decode backward (dx without partials, then
+    """Calls of at most decode_bwd_rows rows run the decode backward (dx without partials, then
     wgrad's column sums of dy and x: build.decode_funcs), at odd and tiny widths (predicated
     tails; at 1 and 7 a block holds 32 rows), rows too wide to keep in registers (65536), and
-    row counts that leave wgrad's last step of row lanes part full (its lanes x 8 rows a step:
-    128 x 8 at hidden <= 1024, 16 x 8 from 4096)."""
-    from tvmnorm.runtime import DECODE_BWD_ROWS
+    row counts that leave a wgrad's last step of row lanes part full (wgrad_few's 8 x 8 rows a
+    step up to WGRAD_FEW_ROWS; wgrad's lanes x 8: 128 x 8 at hidden <= 1024, 16 x 8 from 4096);
+    2048 rows run it at the narrow widths only."""
+    from tvmnorm.runtime import decode_bwd_rows
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden,
                   zero_centered_gamma=hidden == 1000)
-    assert cuda_kernels(key).decodes(rows) == (rows <= DECODE_BWD_ROWS)
+    assert cuda_kernels(key).decodes(rows) == (rows <= decode_bwd_rows(hidden))
     run_and_check(cuda_kernels, key, rows, rng, seed)
 
 

@@ -446,23 +446,43 @@ def test_cuda_backward_holds_its_dx_at_shorter_chunks():
 
 def test_cuda_backward_holds_its_decode_backward():
     """Every CUDA backward key's kernels include the decode backward (build.decode_funcs): dx
-    without partials (no T) and wgrad (int32 rows: test_codegen's index-width test); forwards
-    and llvm have none. A call of 1 to
-    DECODE_BWD_ROWS rows that fits int32 offsets runs it; larger, empty and int64 calls do not."""
-    from tvmnorm.build import decode_funcs, decode_prefix, key_funcs
+    without partials (no T) and wgrad split two ways (int32 rows: test_codegen's index-width
+    test); forwards and llvm have none. A call of 1 to decode_bwd_rows rows (more at narrow
+    widths) that fits int32 offsets runs it, with wgrad_few up to WGRAD_FEW_ROWS rows; larger,
+    empty and int64 calls do not."""
+    from tvmnorm.build import DECODE_PARTS, decode_funcs, decode_prefix, key_funcs
     from tvmnorm.compute.norms import ROWS_PER_PARTIAL_ATTR
-    from tvmnorm.runtime import DECODE_BWD_ROWS, NormKernel
+    import torch
+    from tvmnorm.runtime import (DECODE_BWD_NARROW_HIDDEN, DECODE_BWD_NARROW_ROWS, DECODE_BWD_ROWS, WGRAD_FEW_ROWS,
+                                 NormKernel)
     for key in (NormKey(stage="bwd", hidden_size=8192), NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000)):
         funcs = key_funcs(key, "cuda")
-        dx, wgrad = funcs[f"{decode_prefix(key)}_dx"], funcs[f"{decode_prefix(key)}_wgrad"]
+        dx = funcs[f"{decode_prefix(key)}_dx"]
         assert dx.attrs is None or ROWS_PER_PARTIAL_ATTR not in dx.attrs
-        assert [p.name for p in wgrad.params][-key.column_sums:] in (["dgamma"], ["wgrad.v0", "wgrad.v1"])
+        for part in ("wgrad", "wgrad_few"):
+            wgrad = funcs[f"{decode_prefix(key)}_{part}"]
+            assert [p.name for p in wgrad.params][-key.column_sums:] in (["dgamma"], ["wgrad.v0", "wgrad.v1"])
     assert decode_funcs(NormKey(hidden_size=8192), "cuda") == {}
     assert decode_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
-    key = NormKey(stage="bwd", hidden_size=4096)
-    kernel = NormKernel(key, "cuda", {}, True, "test", decode={"dx": object(), "wgrad": object()})
-    assert [kernel.decodes(r) for r in (0, 1, DECODE_BWD_ROWS, DECODE_BWD_ROWS + 1)] == [False, True, True, False]
-    assert not NormKernel(key, "cuda", {}, True, "test").decodes(1)
+    assert DECODE_BWD_NARROW_ROWS > DECODE_BWD_ROWS > WGRAD_FEW_ROWS
+
+    class Part:
+        def __init__(self, name, ran):
+            self.name, self.ran = name, ran
+
+        def __call__(self, *args):
+            self.ran.append(self.name)
+    for hidden, most in ((4096, DECODE_BWD_ROWS), (DECODE_BWD_NARROW_HIDDEN, DECODE_BWD_NARROW_ROWS)):
+        key = NormKey(stage="bwd", hidden_size=hidden)
+        ran = []
+        kernel = NormKernel(key, "cuda", {}, True, "test", decode={p: Part(p, ran) for p in DECODE_PARTS})
+        assert [kernel.decodes(r) for r in (0, 1, most, most + 1)] == [False, True, True, False]
+        assert not NormKernel(key, "cuda", {}, True, "test").decodes(1)
+        for rows in (1, WGRAD_FEW_ROWS, WGRAD_FEW_ROWS + 1, most):
+            ran.clear()
+            x = torch.empty(rows, hidden)
+            kernel(x, x, torch.empty(rows), torch.empty(hidden), x, torch.empty(hidden))
+            assert ran == ["dx", "wgrad_few" if rows <= WGRAD_FEW_ROWS else "wgrad"], (hidden, rows)
 
 
 @pytest.mark.parametrize("norm,stage,dtype,hidden,zc", [
@@ -473,7 +493,7 @@ def test_decode_backward_matches_float64(norm, stage, dtype, hidden, zc, rows, r
     """The decode backward's computes (dx without partials, wgrad's column sums of dy and x),
     run through the runtime's decode path on llvm, against the float64 reference: the CUDA
     library runs the same computes (its schedules are checked on the GPU, test_gpu_core)."""
-    from tvmnorm.build import compile_funcs
+    from tvmnorm.build import DECODE_PARTS, compile_funcs
     from tvmnorm.compute.norms import decode_funcs
     from tvmnorm.runtime import NormKernel
     from tvmnorm.sched.default import default_schedule
@@ -482,7 +502,7 @@ def test_decode_backward_matches_float64(norm, stage, dtype, hidden, zc, rows, r
     scheduled = {f.attrs["global_symbol"]: default_schedule(f, part, "llvm").mod["main"].with_attr(
         "global_symbol", f.attrs["global_symbol"]) for part, f in decode_funcs(key, "llvm").items()}
     mod = compile_funcs(scheduled, "llvm").mod
-    decode = {p: mod[f"{key.name}_{p}"] for p in ("dx", "wgrad")}
+    decode = {p: mod[f"{key.name}_{p}"] for p in DECODE_PARTS}
     kernel = NormKernel(key, "llvm", {}, False, "test", decode=decode)
     inputs = make_inputs(key, rows, rng)
     check_outputs(key, inputs, call(kernel, inputs, rows), f"decode {key.name} rows={rows} seed={seed}")

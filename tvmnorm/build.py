@@ -143,8 +143,9 @@ def small_dx_symbol(key: NormKey, t: int) -> str:
     return f"{small_dx_prefix(key, t)}_dx"
 
 
-# The decode backward's kernels (compute.norms.decode_funcs), in call order.
-DECODE_PARTS = ("dx", "wgrad")
+# The decode backward's kernels (compute.norms.decode_funcs): dx, then one of the two wgrad
+# kernels by the call's rows (runtime.WGRAD_FEW_ROWS).
+DECODE_PARTS = ("dx", "wgrad", "wgrad_few")
 
 
 def decode_prefix(key: NormKey) -> str:
@@ -153,9 +154,9 @@ def decode_prefix(key: NormKey) -> str:
 
 def decode_funcs(key: NormKey, kind: str) -> dict:
     """The decode backward of a CUDA backward key (compute.norms.decode_funcs: dx without
-    partials, then wgrad's column sums of dy and x), default-scheduled, int32 rows, under
-    ``<key>_decode_dx`` and ``<key>_decode_wgrad``; the runtime runs it for calls of at most
-    runtime.DECODE_BWD_ROWS rows."""
+    partials, then wgrad's column sums of dy and x, split two ways), default-scheduled, int32
+    rows, under ``<key>_decode_<part>`` for each of DECODE_PARTS; the runtime runs it for calls of
+    at most runtime.decode_bwd_rows rows."""
     if kind != "cuda" or key.stage not in ("bwd", "bwd_add"):
         return {}
     from .compute.norms import decode_funcs as decode_computes

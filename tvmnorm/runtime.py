@@ -132,12 +132,27 @@ def is_small_call(key: NormKey, rows: int) -> bool:
 #   either more (layernorm 8192 x 256: 55.9 -> 33.5; layernorm 128 x 2048: 17.6 -> 14.2);
 # - else one row a chunk (rmsnorm 8192 x 64 rows: 16.9 us; the own T = 64, one block, 124.1).
 FULL_GRID_CHUNKS = 256
-# A CUDA backward call of at most this many rows runs the decode backward (build.decode_funcs:
-# dx with no partials, then wgrad's column sums of dy and x) instead of the dx at short chunks
-# and finalize: at 64 and 256 tokens the dx at T = 1 or 8 and finalize took 1.5-3x torch eager's
-# two kernels on the H200 (bench/results/h200-run19/decode-bwd-kernels.txt), which compute the
-# weight gradient that way.
-DECODE_BWD_ROWS = 256
+# A CUDA backward call of at most decode_bwd_rows(hidden) rows runs the decode backward
+# (build.decode_funcs: dx with no partials, then wgrad's column sums of dy and x) instead of the
+# dx at short chunks and finalize: at 64 and 256 tokens the dx at T = 1 or 8 and finalize took
+# 1.5-3x torch eager's two kernels on the H200 (bench/results/h200-run19/decode-bwd-kernels.txt),
+# which compute the weight gradient that way. Whole calls of 64-4096 rows at every catalog width
+# (bench/results/h200-run20/bwd-small-*.log): it was faster at every width up to 1024 rows
+# (rmsnorm 4096 x 1024: 22.0 us against T = 8's 27.1; level at rmsnorm 7168/8192), and at 2048
+# rows up to hidden 2048 (layernorm 2048: 25.4 against 30.4; rmsnorm 1536 lost 20.5 to 19.6);
+# past that wgrad's few blocks (one a column tile, each walking every row) lose to the partials'
+# grid (rmsnorm 4096 x 2048: 40.6 against 37.0).
+DECODE_BWD_ROWS = 1024
+DECODE_BWD_NARROW_ROWS, DECODE_BWD_NARROW_HIDDEN = 2048, 2048
+# A decode backward call of at most this many rows sums the weight gradient with wgrad_few
+# (sched.default.WGRAD_FEW_SPLIT), more rows with finalize's split.
+WGRAD_FEW_ROWS = 64
+
+
+def decode_bwd_rows(hidden: int) -> int:
+    """The most rows a backward call of ``hidden`` columns runs the decode backward for."""
+    return DECODE_BWD_NARROW_ROWS if hidden <= DECODE_BWD_NARROW_HIDDEN else DECODE_BWD_ROWS
+
 SHORT_CHUNKS = 32
 SHORT_PARTIALS = 1 << 20
 
@@ -189,7 +204,7 @@ class NormKernel:
         self._wide, self._wide_lock = wide, threading.Lock()
         self._small = small or {}
         self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
-        self._decode = decode or {}  # "dx", "wgrad": the decode backward (int32 rows)
+        self._decode = decode or {}  # DECODE_PARTS: the decode backward (int32 rows)
         self._ctype = TVM_DTYPE[key.ctype]
 
     def parts_for(self, rows: int) -> dict:
@@ -220,8 +235,9 @@ class NormKernel:
         return self.chunk_rows or rows_per_partial(self.key, self.kind)
 
     def decodes(self, rows: int) -> bool:
-        """Whether a backward call of ``rows`` rows runs the decode backward (DECODE_BWD_ROWS)."""
-        return bool(self._decode) and 0 < rows <= DECODE_BWD_ROWS and fits_int32(rows, self.key.hidden_size)
+        """Whether a backward call of ``rows`` rows runs the decode backward (decode_bwd_rows)."""
+        h = self.key.hidden_size
+        return bool(self._decode) and 0 < rows <= decode_bwd_rows(h) and fits_int32(rows, h)
 
     def dx_for(self, rows: int) -> tuple:
         """(T, the dx kernel) a backward call of ``rows`` rows runs: the key's own T, or a shorter
@@ -274,7 +290,7 @@ class NormKernel:
         wgrad = [a["dgamma"], *([a["dbeta"]] if ln else [])]
         if self.decodes(rows):
             self._decode["dx"](*dx_args)
-            self._decode["wgrad"](a["dy"], a["x"], *stats, *wgrad)
+            self._decode["wgrad_few" if rows <= WGRAD_FEW_ROWS else "wgrad"](a["dy"], a["x"], *stats, *wgrad)
             return
         if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a

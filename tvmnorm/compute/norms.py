@@ -471,11 +471,12 @@ def wgrad(key: NormKey, kind: str, rows=None, name="wgrad"):
 
 
 def decode_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
-    """The decode backward of a bwd key: part name -> PrimFunc, ``dx`` (no partials) and
-    ``wgrad``, global symbols ``<prefix>_<part>``."""
+    """The decode backward of a bwd key: part name -> PrimFunc, ``dx`` (no partials), ``wgrad``
+    and ``wgrad_few`` (the same sums, scheduled for calls of few rows), global symbols
+    ``<prefix>_<part>``."""
     prefix = prefix or key.name
     return {"dx": dx(key, kind, rows, f"{prefix}_dx", partials=False),
-            "wgrad": wgrad(key, kind, rows, f"{prefix}_wgrad")}
+            **{part: wgrad(key, kind, rows, f"{prefix}_{part}") for part in ("wgrad", "wgrad_few")}}
 
 
 def _partial_count(partials):

@@ -203,6 +203,19 @@ def _cuda_finalize(func, columns: int | None = None, lanes: int | None = None, u
     return sch
 
 
+# wgrad's split (columns per block, threadIdx.y lanes) for calls of at most runtime.WGRAD_FEW_ROWS
+# rows: 8 lanes of one unrolled step of 8 rows each, so the cross-lane tree is 3 levels, not 4-7.
+# Measured on the H200 (bf16, whole decode backward calls of 64 rows, bench/results/h200-run20/
+# bwd-small-b.log): 64 x 8 took 8.0-10.9 us against finalize's split's 8.5-12.7 at every catalog
+# width (layernorm 7168: 12.6 -> 10.5), and lost to it from 256 rows at hidden <= 4096 (rmsnorm
+# 1024 x 256: 11.0 against 9.9), where more lanes share the rows.
+WGRAD_FEW_SPLIT = (64, 8)
+
+
+def _cuda_wgrad_few(func):
+    return _cuda_finalize(func, *WGRAD_FEW_SPLIT)
+
+
 COMBINE_THREADS = 64  # threadIdx.x over the columns of a tile: a warp's 32 columns are one 128-byte load
 
 
@@ -291,13 +304,14 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
                 return schedule_rows_cuda(func, rule)
             return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
         # wgrad (the decode backward's column sums of dy and x) is finalize's column sum
-        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "combine": _cuda_combine, "amax": _cuda_amax,
-                "amax_one": _cuda_amax_one}[part](func)
+        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "wgrad_few": _cuda_wgrad_few,
+                "combine": _cuda_combine, "amax": _cuda_amax, "amax_one": _cuda_amax_one}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
     if part == "amax_one":
         return Schedule(func)  # a serial loop over the rows' maxima
-    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "combine": _cpu_combine, "amax": _cpu_amax}[part](func)
+    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "wgrad_few": _cpu_finalize, "combine": _cpu_combine,
+            "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):
