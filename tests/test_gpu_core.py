@@ -186,7 +186,7 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
     run_and_check(cuda_kernels, key, 2_000_003, rng, seed)
 
 
-@pytest.mark.parametrize("rows", (7, 263, 127 * 8 + 1, "T-1", "T", "T+1", 16384))
+@pytest.mark.parametrize("rows", (7, 128 * 8 + 7, 257 * 8 + 1, "T-1", "T", "T+1", 16384))
 @pytest.mark.parametrize("hidden", (128, 1000, 4095, 7168))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", NORMS)
@@ -194,10 +194,10 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
 def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
     """The one-pass backward around its chunk of T rows (T = 32, or 64 for wide rows: a last
     chunk one row short, whole, of one row; with 4 or 8 rows prefetched per group, T - 1 and
-    T + 1 also leave a partial group), at the training token count, and the smaller calls that
-    run the dx at shorter chunks (runtime.dx_chunk_rows): one row a chunk (7 rows; 263 and 1017
-    at the narrow widths), and chunks of 8 with a last one of 7 rows (263 at 4095 and 7168) or
-    of one row (1017: layernorm from 1000 up, rmsnorm from 4095)."""
+    T + 1 also leave a partial group), at the training token count, and the smaller calls:
+    the decode backward (7 rows; 1031 at the narrow widths, runtime.decode_bwd_rows) and the dx
+    at chunks of 8 (runtime.dx_chunk_rows) with a last one of 7 rows (1031 at 4095 and 7168) or
+    of one row (2057)."""
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
     from tvmnorm.runtime import FULL_GRID_CHUNKS
     run_and_check(cuda_kernels, key, rows, rng, seed, chunks=FULL_GRID_CHUNKS)

@@ -397,31 +397,22 @@ def test_calls_that_fit_int32_offsets_run_the_int32_row_kernels(stage):
 
 
 def test_backward_calls_take_chunks_that_fill_the_grid():
-    """A backward call runs its dx at the key's own T where that makes FULL_GRID_CHUNKS chunks,
-    else at a shorter T its kernel holds: 8 where that still makes SHORT_CHUNKS chunks and one
-    row a chunk would write SHORT_PARTIALS partial elements or need a combine launch, else 1. With the key's T = 64 a call
-    of 64 rows was one block walking 64 rows (124.7 us against torch eager's 24.1 on the H200).
-    Calls past int32 offsets keep the key's T (the shorter kernels have int32 rows)."""
+    """A backward call past the decode rows runs its dx at the key's own T where that makes
+    FULL_GRID_CHUNKS chunks, else at the longest shorter T its kernel holds (8). With the key's
+    T = 64 a call of 64 rows was one block walking 64 rows (124.7 us against torch eager's 24.1
+    on the H200). Calls past int32 offsets keep the key's T (the shorter kernels have int32 rows)."""
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
-    from tvmnorm.runtime import (COMBINE_ABOVE, FULL_GRID_CHUNKS, SHORT_CHUNKS, SHORT_PARTIALS, NormKernel,
-                                 dx_chunk_rows, fits_int32)
-    assert SMALL_DX_CHUNK_ROWS == (1, 8) and (FULL_GRID_CHUNKS, SHORT_CHUNKS, SHORT_PARTIALS) == (256, 32, 1 << 20)
-    h8k = 8192  # partial elements a row: 1 << 20 from 128 rows, so the chunk counts decide
-    assert [dx_chunk_rows(r, 64, h8k) for r in (16384, 255 * 64 + 1, 255 * 64, 1024, 31 * 8 + 1, 31 * 8, 64, 1)] == \
-        [64, 64, 8, 8, 8, 1, 1, 1]
-    assert [dx_chunk_rows(r, 32, h8k) for r in (8192, 255 * 32, 4096)] == [32, 8, 8]
-    # narrow rows: one row a chunk until its partials reach SHORT_PARTIALS elements
-    assert [dx_chunk_rows(r, 32, 1024) for r in (1024, 1023, 8192)] == [8, 1, 32]
-    assert [dx_chunk_rows(r, 32, 2 * 512) for r in (1024, 1023)] == [8, 1]
-    # ... or until they would need a combine launch (more than COMBINE_ABOVE partial rows)
-    assert [dx_chunk_rows(r, 32, 2 * 128) for r in (COMBINE_ABOVE + 1, COMBINE_ABOVE, 4096)] == [8, 1, 8]
-    assert dx_chunk_rows(5, 32, h8k, ()) == 32 and dx_chunk_rows(5, 8, h8k, (1, 8)) == 1
-    assert dx_chunk_rows(4096, 16, h8k) == 16 and dx_chunk_rows(255 * 16, 16, h8k) == 8
+    from tvmnorm.runtime import FULL_GRID_CHUNKS, NormKernel, dx_chunk_rows, fits_int32
+    assert SMALL_DX_CHUNK_ROWS == (8,) and FULL_GRID_CHUNKS == 256
+    assert [dx_chunk_rows(r, 64) for r in (16384, 255 * 64 + 1, 255 * 64, 1024, 1)] == [64, 64, 8, 8, 8]
+    assert [dx_chunk_rows(r, 32) for r in (8192, 255 * 32, 4096)] == [32, 8, 8]
+    assert dx_chunk_rows(5, 32, ()) == 32 and dx_chunk_rows(5, 8) == 8 and dx_chunk_rows(5, 16, (1, 8)) == 8
+    assert dx_chunk_rows(4096, 16) == 16 and dx_chunk_rows(255 * 16, 16) == 8
     key = NormKey(stage="bwd", hidden_size=4096)
-    main, narrow, short = {"dx": object(), "finalize": object()}, {"dx": object()}, {1: object(), 8: object()}
+    main, narrow, short = {"dx": object(), "finalize": object()}, {"dx": object()}, {8: object()}
     kernel = NormKernel(key, "cuda", main, True, "test", chunk_rows=64, narrow=narrow, small_dx=short)
     assert kernel.dx_for(16384) == (64, narrow["dx"])
-    assert kernel.dx_for(4096) == (8, short[8]) == kernel.dx_for(300) and kernel.dx_for(200) == (1, short[1])
+    assert kernel.dx_for(4096) == (8, short[8]) == kernel.dx_for(300) == kernel.dx_for(1)
     wide = (1 << 31) // 4096
     assert not fits_int32(wide, 4096) and kernel.dx_for(wide) == (64, main["dx"])
     # a kernel without the shorter ones (a tuning candidate, variant_kernel) keeps its T

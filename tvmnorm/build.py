@@ -131,8 +131,9 @@ def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
 # its chunks are the dx's unit of parallelism, and one block walks a chunk's rows one after the
 # other, so with T = 64 a call of 64 rows ran in one block (rmsnorm bwd 8192: 124.7 us on the
 # H200, torch eager 24.1; bench/results/h200-run16/decode.json). runtime.dx_chunk_rows picks
-# among them and the key's T by the call's rows.
-SMALL_DX_CHUNK_ROWS = (1, 8)
+# among them and the key's T by the call's rows. T = 1 went with the twentieth lease: the decode
+# backward beat it at every call it had served (bench/results/h200-run20/bwd-small-*.log).
+SMALL_DX_CHUNK_ROWS = (8,)
 
 
 def small_dx_prefix(key: NormKey, t: int) -> str:

@@ -119,19 +119,15 @@ def is_small_call(key: NormKey, rows: int) -> bool:
     return key.stage == "fwd" and rows * key.hidden_size * DTYPE_BYTES[key.itype] <= SMALL_CALL_BYTES
 
 
-# How a backward call's dx is cut into chunks of T rows (one block lane walks a chunk's rows one
-# after another and writes one fp32 partial row a sum for it), by the whole calls of few rows at
-# each T on the H200 (bench/results/h200-run17/bwd-small.*, `bench/bwd_parts.py --small-rows`):
-# - the key's own T (32 or 64, tuned at 16384 tokens) only for calls of FULL_GRID_CHUNKS chunks
-#   of it: at 128 chunks of 32 rows (4096 rows) the dx at 8 rows a chunk ran 1.3-2.2x faster
-#   (rmsnorm 1024: 48.8 -> 25.3 us), at 512 the own T won from hidden 896 up;
-# - T = 8 where it still makes SHORT_CHUNKS chunks and one row a chunk would write at least
-#   SHORT_PARTIALS partial elements, or more partial rows than finalize sums alone
-#   (COMBINE_ABOVE: a combine launch more); below both the partials cost less than the walk
-#   (rmsnorm 2560 x 256 rows: T = 1 15.5 us, T = 8 19.5; 128 x 1024: 9.4 and 13.2), above
-#   either more (layernorm 8192 x 256: 55.9 -> 33.5; layernorm 128 x 2048: 17.6 -> 14.2);
-# - else one row a chunk (rmsnorm 8192 x 64 rows: 16.9 us; the own T = 64, one block, 124.1).
+# How a backward call past the decode rows (decode_bwd_rows) cuts its dx into chunks of T rows
+# (one block lane walks a chunk's rows one after another and writes one fp32 partial row a sum for
+# it): the key's own T (32 or 64, tuned at 16384 tokens) for calls of FULL_GRID_CHUNKS chunks of
+# it, else T = 8 (build.SMALL_DX_CHUNK_ROWS). Whole calls at each T on the H200 (bench/results/
+# h200-run17/bwd-small.*, `bench/bwd_parts.py --small-rows`): at 128 chunks of 32 rows (4096
+# rows) T = 8 ran 1.3-2.2x faster (rmsnorm 1024: 48.8 -> 25.3 us), at 512 the own T won from
+# hidden 896 up. (T = 1, one row a chunk, served the calls the decode backward serves now.)
 FULL_GRID_CHUNKS = 256
+
 # A CUDA backward call of at most decode_bwd_rows(hidden) rows runs the decode backward
 # (build.decode_funcs: dx with no partials, then wgrad's column sums of dy and x) instead of the
 # dx at short chunks and finalize: at 64 and 256 tokens the dx at T = 1 or 8 and finalize took
@@ -153,23 +149,13 @@ def decode_bwd_rows(hidden: int) -> int:
     """The most rows a backward call of ``hidden`` columns runs the decode backward for."""
     return DECODE_BWD_NARROW_ROWS if hidden <= DECODE_BWD_NARROW_HIDDEN else DECODE_BWD_ROWS
 
-SHORT_CHUNKS = 32
-SHORT_PARTIALS = 1 << 20
 
-
-def dx_chunk_rows(rows: int, t: int, partial_row: int, shorter=SMALL_DX_CHUNK_ROWS) -> int:
-    """T for a backward call of ``rows`` rows, given the key's own ``t``, the elements each
-    chunk's partials take (``partial_row``: hidden size x the sums, 2 for layernorm) and the
-    ``shorter`` T its kernel holds (see FULL_GRID_CHUNKS)."""
+def dx_chunk_rows(rows: int, t: int, shorter=SMALL_DX_CHUNK_ROWS) -> int:
+    """T for a backward call of ``rows`` rows, given the key's own ``t`` and the ``shorter`` T
+    its kernel holds (see FULL_GRID_CHUNKS): the longest of them, where ``t`` makes too few chunks."""
     if -(-rows // t) >= FULL_GRID_CHUNKS:
         return t
-    ladder = sorted((s for s in shorter if s < t), reverse=True)
-    if not ladder:
-        return t
-    shortest = ladder[-1]
-    finest = -(-rows // shortest)  # the chunks, and partial rows, at the shortest T
-    costly = finest * partial_row >= SHORT_PARTIALS or finest > COMBINE_ABOVE
-    return next((s for s in ladder[:-1] if costly and -(-rows // s) >= SHORT_CHUNKS), shortest)
+    return max((s for s in shorter if s < t), default=t)
 
 
 # Rows of slack in fits_int32: a row kernel's index math reaches past the last row to the end of
@@ -244,7 +230,7 @@ class NormKernel:
         one where the call has too few chunks of it to fill the GPU (dx_chunk_rows)."""
         t = self.own_chunk_rows()
         if self._small_dx and fits_int32(rows, self.key.hidden_size):
-            short = dx_chunk_rows(rows, t, self.key.hidden_size * self.key.column_sums, tuple(self._small_dx))
+            short = dx_chunk_rows(rows, t, tuple(self._small_dx))
             if short != t:
                 return short, self._small_dx[short]
         return t, self.parts_for(rows)["dx"]
