@@ -35,25 +35,26 @@ from tvmnorm.sched.default import FINALIZE_UNROLL
 from tvmnorm.shapes import train_rows
 
 
-def finalize_variant(key, columns: int, lanes: int, unroll: int):
-    """The key's finalize kernel with another split and unroll, compiled on its own."""
-    from tvmnorm.build import compile_funcs
-    from tvmnorm.compute.norms import finalize
+def split_variant(func, columns: int, lanes: int, unroll: int):
+    """A column-sum kernel (finalize, or the decode backward's wgrad) scheduled as
+    sched.default._cuda_finalize with another split and unroll, compiled on its own."""
+    from tvmnorm.build import _kernel, compile_funcs
     from tvmnorm.sched.default import _cuda_finalize
-    sch = _cuda_finalize(finalize(key, "cuda", "f"), columns, lanes, unroll)
-    return compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
-                         "cuda").mod["f"]
+    return compile_funcs(_kernel(_cuda_finalize(func, columns, lanes, unroll), func), "cuda").mod[
+        func.attrs["global_symbol"]]
+
+
+def finalize_variant(key, columns: int, lanes: int, unroll: int):
+    """The key's finalize kernel with another split and unroll."""
+    from tvmnorm.compute.norms import finalize
+    return split_variant(finalize(key, "cuda", "f"), columns, lanes, unroll)
 
 
 def wgrad_variant(key, columns: int, lanes: int, unroll: int):
     """The key's decode wgrad kernel (int32 rows, as build.decode_funcs compiles it) with another
-    finalize split and unroll, compiled on its own."""
-    from tvmnorm.build import compile_funcs
+    split and unroll."""
     from tvmnorm.compute.norms import symbolic_rows, wgrad
-    from tvmnorm.sched.default import _cuda_finalize
-    sch = _cuda_finalize(wgrad(key, "cuda", symbolic_rows(32), "w"), columns, lanes, unroll)
-    return compile_funcs({"w": sch.mod["main"].with_attr("global_symbol", "w").with_attr("tirx.is_scheduled", True)},
-                         "cuda").mod["w"]
+    return split_variant(wgrad(key, "cuda", symbolic_rows(32), "w"), columns, lanes, unroll)
 
 
 def dx_variant(key, threads: int, prefetch: int, stages: int, bits: int = 64, group: int = 1, min_blocks: int = 1,
