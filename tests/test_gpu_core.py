@@ -53,12 +53,20 @@ def at_chunk(key, rows, chunks=1):
     """``rows``, where "T-1", "T" or "T+1" is counted from ``chunks`` chunks of the key's
     default T rows (compute.norms.rows_per_partial: 32, or 64 for wide rows): a last chunk one
     row short, whole, or of one row, at every width. A kernel that holds shorter T (the
-    runtime's: runtime.dx_chunk_rows) keeps its own only for calls of FULL_GRID_CHUNKS chunks;
+    runtime's: runtime.dx_chunk_rows) keeps its own only from runtime.own_t_rows (own_t_chunks);
     a variant_kernel runs its T at any rows."""
     if not isinstance(rows, str):
         return rows
     from tvmnorm.compute.norms import rows_per_partial
     return chunks * rows_per_partial(key, "cuda") + {"T-1": -1, "T": 0, "T+1": 1}[rows]
+
+
+def own_t_chunks(key):
+    """The fewest chunks of the default kernel's own T whose "T-1" still runs at that T."""
+    from tvmnorm.compute.norms import rows_per_partial
+    from tvmnorm.runtime import own_t_rows
+    t = rows_per_partial(key, "cuda")
+    return -(-(own_t_rows(t, key.hidden_size, tuned=False) + 1) // t)
 
 
 @pytest.mark.parametrize("rows", ROWS)
@@ -194,13 +202,13 @@ def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
 def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
     """The one-pass backward around its chunk of T rows (T = 32, or 64 for wide rows: a last
     chunk one row short, whole, of one row; with 4 or 8 rows prefetched per group, T - 1 and
-    T + 1 also leave a partial group), at the training token count, and the smaller calls:
-    the decode backward (7 rows; 1031 at the narrow widths, runtime.decode_bwd_rows) and the dx
+    T + 1 also leave a partial group) at the fewest chunks that run the own T (own_t_chunks:
+    256, or 3073 at hidden 128 and 394 at 1000, where DEFAULT_OWN_T_ELEMENTS binds), the
+    training token count, and the smaller calls: the decode backward (7 rows; 1031 at the narrow widths, runtime.decode_bwd_rows) and the dx
     at chunks of 8 (runtime.dx_chunk_rows) with a last one of 7 rows (1031 at 4095 and 7168) or
     of one row (2057)."""
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
-    from tvmnorm.runtime import FULL_GRID_CHUNKS
-    run_and_check(cuda_kernels, key, rows, rng, seed, chunks=FULL_GRID_CHUNKS)
+    run_and_check(cuda_kernels, key, rows, rng, seed, chunks=own_t_chunks(key))
 
 
 _DECODE_WIDTHS = [("bf16", 1), ("fp32", 7), ("bf16", 128), ("bf16", 1000), ("fp16", 4095), ("bf16", 7168),

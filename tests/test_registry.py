@@ -398,16 +398,23 @@ def test_calls_that_fit_int32_offsets_run_the_int32_row_kernels(stage):
 
 def test_backward_calls_take_chunks_that_fill_the_grid():
     """A backward call past the decode rows runs its dx at the key's own T where that makes
-    FULL_GRID_CHUNKS chunks, else at the longest shorter T its kernel holds (8). With the key's
-    T = 64 a call of 64 rows was one block walking 64 rows (124.7 us against torch eager's 24.1
-    on the H200). Calls past int32 offsets keep the key's T (the shorter kernels have int32 rows)."""
+    FULL_GRID_CHUNKS chunks (and, for a key with no tuned record, DEFAULT_OWN_T_ELEMENTS
+    elements), else at the longest shorter T its kernel holds (8). With the key's T = 64 a call
+    of 64 rows was one block walking 64 rows (124.7 us against torch eager's 24.1 on the H200).
+    Calls past int32 offsets keep the key's T (the shorter kernels have int32 rows)."""
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
-    from tvmnorm.runtime import FULL_GRID_CHUNKS, NormKernel, dx_chunk_rows, fits_int32
-    assert SMALL_DX_CHUNK_ROWS == (8,) and FULL_GRID_CHUNKS == 256
+    from tvmnorm.runtime import (DEFAULT_OWN_T_ELEMENTS, FULL_GRID_CHUNKS, NormKernel, dx_chunk_rows, fits_int32,
+                                 own_t_rows)
+    assert SMALL_DX_CHUNK_ROWS == (8,) and FULL_GRID_CHUNKS == 256 and DEFAULT_OWN_T_ELEMENTS == 12 << 20
     assert [dx_chunk_rows(r, 64) for r in (16384, 255 * 64 + 1, 255 * 64, 1024, 1)] == [64, 64, 8, 8, 8]
     assert [dx_chunk_rows(r, 32) for r in (8192, 255 * 32, 4096)] == [32, 8, 8]
     assert dx_chunk_rows(5, 32, ()) == 32 and dx_chunk_rows(5, 8) == 8 and dx_chunk_rows(5, 16, (1, 8)) == 8
     assert dx_chunk_rows(4096, 16) == 16 and dx_chunk_rows(255 * 16, 16) == 8
+    # a default kernel: 256 chunks and 12 Mi elements (128 x 98304 rows; 1000 x 12583)
+    assert own_t_rows(32, 128, tuned=False) == 98304 and own_t_rows(32, 128) == 255 * 32 + 1
+    assert [dx_chunk_rows(r, 32, hidden=128, tuned=False) for r in (98304, 98303, 16384)] == [32, 8, 8]
+    assert [dx_chunk_rows(r, 32, hidden=1000, tuned=False) for r in (12583, 12582)] == [32, 8]
+    assert own_t_rows(64, 8192, tuned=False) == own_t_rows(64, 8192) == 255 * 64 + 1  # wide: the chunks bind
     key = NormKey(stage="bwd", hidden_size=4096)
     main, narrow, short = {"dx": object(), "finalize": object()}, {"dx": object()}, {8: object()}
     kernel = NormKernel(key, "cuda", main, True, "test", chunk_rows=64, narrow=narrow, small_dx=short)
@@ -415,6 +422,11 @@ def test_backward_calls_take_chunks_that_fill_the_grid():
     assert kernel.dx_for(4096) == (8, short[8]) == kernel.dx_for(300) == kernel.dx_for(1)
     wide = (1 << 31) // 4096
     assert not fits_int32(wide, 4096) and kernel.dx_for(wide) == (64, main["dx"])
+    narrow_key = NormKey(stage="bwd", hidden_size=512)
+    tuned = NormKernel(narrow_key, "cuda", main, True, "test", chunk_rows=32, narrow=narrow, small_dx=short)
+    default = NormKernel(narrow_key, "cuda", main, False, "test", chunk_rows=32, narrow=narrow, small_dx=short)
+    assert tuned.dx_for(16384) == (32, narrow["dx"]) and default.dx_for(16384) == (8, short[8])
+    assert default.dx_for(32768) == (32, narrow["dx"])
     # a kernel without the shorter ones (a tuning candidate, variant_kernel) keeps its T
     assert NormKernel(key, "cuda", main, False, "test", chunk_rows=32).dx_for(1) == (32, main["dx"])
 

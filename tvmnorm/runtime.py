@@ -127,6 +127,17 @@ def is_small_call(key: NormKey, rows: int) -> bool:
 # rows) T = 8 ran 1.3-2.2x faster (rmsnorm 1024: 48.8 -> 25.3 us), at 512 the own T won from
 # hidden 896 up. (T = 1, one row a chunk, served the calls the decode backward serves now.)
 FULL_GRID_CHUNKS = 256
+# A key with no tuned record (the default rule's dx) keeps its own T only from this many elements
+# (rows x hidden) as well: at narrow widths the default's dx at T = 32 is slower than the tuned
+# records' (hidden 128 x 16384 rows: 29.1 us against the record's 23.8), and T = 8 beat it well
+# past 256 chunks (bench/results/h200-run21/, rule-fit.txt: rmsnorm 128 x 65536 rows 29.1
+# against 39.7 us, 512 x 16384 33.1 against 37.2, 1000 x 8192 41.6 against 55.7), up to 8.4M
+# elements; from 16.4M its own T won (layernorm 1000 x 16384: 63.9 against 72.0, 512 x 32768
+# 48.5 against 52.0). Over the 118 default-kernel calls past the decode rows measured in the
+# 17th, 20th and 21st leases this took the sum from 8589 to 8379 us (the best T at each: 8288).
+# The tuned records' own T lost to T = 8 by 17% at exactly 256 chunks at hidden 512 (8192 rows)
+# and by at most 4% past them, and every elements threshold cost the records more than it saved.
+DEFAULT_OWN_T_ELEMENTS = 12 << 20
 
 # A CUDA backward call of at most decode_bwd_rows(hidden) rows runs the decode backward
 # (build.decode_funcs: dx with no partials, then wgrad's column sums of dy and x) instead of the
@@ -150,10 +161,17 @@ def decode_bwd_rows(hidden: int) -> int:
     return DECODE_BWD_NARROW_ROWS if hidden <= DECODE_BWD_NARROW_HIDDEN else DECODE_BWD_ROWS
 
 
-def dx_chunk_rows(rows: int, t: int, shorter=SMALL_DX_CHUNK_ROWS) -> int:
+def own_t_rows(t: int, hidden: int, tuned: bool = True) -> int:
+    """The fewest rows of a backward call whose dx runs at the key's own ``t`` (FULL_GRID_CHUNKS
+    chunks of it; for a default kernel, DEFAULT_OWN_T_ELEMENTS elements too)."""
+    rows = (FULL_GRID_CHUNKS - 1) * t + 1
+    return rows if tuned else max(rows, -(-DEFAULT_OWN_T_ELEMENTS // hidden))
+
+
+def dx_chunk_rows(rows: int, t: int, shorter=SMALL_DX_CHUNK_ROWS, hidden: int = 1, tuned: bool = True) -> int:
     """T for a backward call of ``rows`` rows, given the key's own ``t`` and the ``shorter`` T
-    its kernel holds (see FULL_GRID_CHUNKS): the longest of them, where ``t`` makes too few chunks."""
-    if -(-rows // t) >= FULL_GRID_CHUNKS:
+    its kernel holds: ``t`` from own_t_rows on, else the longest shorter one."""
+    if rows >= own_t_rows(t, hidden, tuned):
         return t
     return max((s for s in shorter if s < t), default=t)
 
@@ -228,9 +246,9 @@ class NormKernel:
     def dx_for(self, rows: int) -> tuple:
         """(T, the dx kernel) a backward call of ``rows`` rows runs: the key's own T, or a shorter
         one where the call has too few chunks of it to fill the GPU (dx_chunk_rows)."""
-        t = self.own_chunk_rows()
-        if self._small_dx and fits_int32(rows, self.key.hidden_size):
-            short = dx_chunk_rows(rows, t, tuple(self._small_dx))
+        t, h = self.own_chunk_rows(), self.key.hidden_size
+        if self._small_dx and fits_int32(rows, h):
+            short = dx_chunk_rows(rows, t, tuple(self._small_dx), h, self.tuned)
             if short != t:
                 return short, self._small_dx[short]
         return t, self.parts_for(rows)["dx"]
