@@ -157,7 +157,7 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
 def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
     """Whole backward calls of few rows at every T the key's kernel holds (runtime.dx_for's
     choices, forced one at a time, the decode backward off), and through the decode backward
-    (runtime.decode_bwd_rows, forced at any rows; again with both its wgrad kernels split each
+    (runtime.decode_bwd_rows, forced at any rows; again with all its wgrad kernels split each
     of the ``wgrad_splits`` ways, "decode@CxLxU"), against what the runtime picks."""
     from tvmnorm import runtime
     from tvmnorm.build import SMALL_DX_CHUNK_ROWS
@@ -168,7 +168,7 @@ def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
     ways = {"decode": decode} if decode else {}
     for w in wgrad_splits if decode else ():
         f = wgrad_variant(key, *w)
-        ways[f"decode@{'x'.join(map(str, w))}"] = {**decode, "wgrad": f, "wgrad_few": f}
+        ways[f"decode@{'x'.join(map(str, w))}"] = {**decode, "wgrad": f, "wgrad_few": f, "wgrad_mid": f}
     out = []
     for rows in rows_list:
         dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)

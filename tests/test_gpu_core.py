@@ -219,7 +219,8 @@ _DECODE_WIDTHS = [("bf16", 1), ("fp32", 7), ("bf16", 128), ("bf16", 1000), ("fp1
 # at short chunks, which test_cuda_bwd_partial_edges covers (and a float64 reference of 2048 x
 # 65536 takes the host most of a shard's time)
 @pytest.mark.parametrize("dtype,hidden,rows", [(d, h, r) for d, h in _DECODE_WIDTHS for r in (2, 63, 64, 65, 1000)]
-                         + [(d, h, 2048) for d, h in _DECODE_WIDTHS if h <= 2048] + [("bf16", 4095, 1025)])
+                         + [(d, h, 2048) for d, h in _DECODE_WIDTHS if h <= 2048] + [("bf16", 4095, 1025)]
+                         + [("bf16", 2560, 256), ("fp16", 4095, 511), ("bf16", 4096, 512), ("bf16", 4096, 513)])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("stage", ("bwd", "bwd_add"))
 def test_cuda_decode_backward(cuda_kernels, stage, norm, dtype, hidden, rows, rng, seed):
@@ -227,8 +228,10 @@ def test_cuda_decode_backward(cuda_kernels, stage, norm, dtype, hidden, rows, rn
     wgrad's column sums of dy and x: build.decode_funcs), at odd and tiny widths (predicated
     tails; at 1 and 7 a block holds 32 rows), rows too wide to keep in registers (65536), and
     row counts that leave a wgrad's last step of row lanes part full (wgrad_few's 8 x 8 rows a
-    step up to WGRAD_FEW_ROWS; wgrad's lanes x 8: 128 x 8 at hidden <= 1024, 16 x 8 from 4096);
-    2048 rows run it at the narrow widths only, 1025 rows not at 4095."""
+    step up to WGRAD_FEW_ROWS; then wgrad_mid's, 16 x 8 at hidden 2049-4096, up to
+    WGRAD_MID_ROWS, and around that edge; wgrad's lanes x 8: 128 x 8 at hidden <= 1024, 32 x 8
+    at 2049-4096, 16 x 8 past it); 2048 rows run it at the narrow widths only, 1025 rows not at
+    4095."""
     from tvmnorm.runtime import decode_bwd_rows
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden,
                   zero_centered_gamma=hidden == 1000)

@@ -449,25 +449,25 @@ def test_cuda_backward_holds_its_dx_at_shorter_chunks():
 
 def test_cuda_backward_holds_its_decode_backward():
     """Every CUDA backward key's kernels include the decode backward (build.decode_funcs): dx
-    without partials (no T) and wgrad split two ways (int32 rows: test_codegen's index-width
+    without partials (no T) and wgrad split three ways (int32 rows: test_codegen's index-width
     test); forwards and llvm have none. A call of 1 to decode_bwd_rows rows (more at narrow
-    widths) that fits int32 offsets runs it, with wgrad_few up to WGRAD_FEW_ROWS rows; larger,
-    empty and int64 calls do not."""
+    widths) that fits int32 offsets runs it, with wgrad_few up to WGRAD_FEW_ROWS rows and
+    wgrad_mid up to WGRAD_MID_ROWS; larger, empty and int64 calls do not."""
     from tvmnorm.build import DECODE_PARTS, decode_funcs, decode_prefix, key_funcs
     from tvmnorm.compute.norms import ROWS_PER_PARTIAL_ATTR
     import torch
     from tvmnorm.runtime import (DECODE_BWD_NARROW_HIDDEN, DECODE_BWD_NARROW_ROWS, DECODE_BWD_ROWS, WGRAD_FEW_ROWS,
-                                 NormKernel)
+                                 WGRAD_MID_ROWS, NormKernel)
     for key in (NormKey(stage="bwd", hidden_size=8192), NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000)):
         funcs = key_funcs(key, "cuda")
         dx = funcs[f"{decode_prefix(key)}_dx"]
         assert dx.attrs is None or ROWS_PER_PARTIAL_ATTR not in dx.attrs
-        for part in ("wgrad", "wgrad_few"):
+        for part in ("wgrad", "wgrad_few", "wgrad_mid"):
             wgrad = funcs[f"{decode_prefix(key)}_{part}"]
             assert [p.name for p in wgrad.params][-key.column_sums:] in (["dgamma"], ["wgrad.v0", "wgrad.v1"])
     assert decode_funcs(NormKey(hidden_size=8192), "cuda") == {}
     assert decode_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
-    assert DECODE_BWD_NARROW_ROWS > DECODE_BWD_ROWS > WGRAD_FEW_ROWS
+    assert DECODE_BWD_NARROW_ROWS > DECODE_BWD_ROWS > WGRAD_MID_ROWS > WGRAD_FEW_ROWS
 
     class Part:
         def __init__(self, name, ran):
@@ -481,11 +481,12 @@ def test_cuda_backward_holds_its_decode_backward():
         kernel = NormKernel(key, "cuda", {}, True, "test", decode={p: Part(p, ran) for p in DECODE_PARTS})
         assert [kernel.decodes(r) for r in (0, 1, most, most + 1)] == [False, True, True, False]
         assert not NormKernel(key, "cuda", {}, True, "test").decodes(1)
-        for rows in (1, WGRAD_FEW_ROWS, WGRAD_FEW_ROWS + 1, most):
+        for rows, part in ((1, "wgrad_few"), (WGRAD_FEW_ROWS, "wgrad_few"), (WGRAD_FEW_ROWS + 1, "wgrad_mid"),
+                           (WGRAD_MID_ROWS, "wgrad_mid"), (WGRAD_MID_ROWS + 1, "wgrad"), (most, "wgrad")):
             ran.clear()
             x = torch.empty(rows, hidden)
             kernel(x, x, torch.empty(rows), torch.empty(hidden), x, torch.empty(hidden))
-            assert ran == ["dx", "wgrad_few" if rows <= WGRAD_FEW_ROWS else "wgrad"], (hidden, rows)
+            assert ran == ["dx", part], (hidden, rows)
 
 
 @pytest.mark.parametrize("norm,stage,dtype,hidden,zc", [

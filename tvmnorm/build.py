@@ -144,9 +144,9 @@ def small_dx_symbol(key: NormKey, t: int) -> str:
     return f"{small_dx_prefix(key, t)}_dx"
 
 
-# The decode backward's kernels (compute.norms.decode_funcs): dx, then one of the two wgrad
-# kernels by the call's rows (runtime.WGRAD_FEW_ROWS).
-DECODE_PARTS = ("dx", "wgrad", "wgrad_few")
+# The decode backward's kernels (compute.norms.decode_funcs): dx, then one of the three wgrad
+# kernels by the call's rows (runtime.wgrad_part).
+DECODE_PARTS = ("dx", "wgrad", "wgrad_few", "wgrad_mid")
 
 
 def decode_prefix(key: NormKey) -> str:
@@ -155,7 +155,7 @@ def decode_prefix(key: NormKey) -> str:
 
 def decode_funcs(key: NormKey, kind: str) -> dict:
     """The decode backward of a CUDA backward key (compute.norms.decode_funcs: dx without
-    partials, then wgrad's column sums of dy and x, split two ways), default-scheduled, int32
+    partials, then wgrad's column sums of dy and x, split three ways), default-scheduled, int32
     rows, under ``<key>_decode_<part>`` for each of DECODE_PARTS; the runtime runs it for calls of
     at most runtime.decode_bwd_rows rows."""
     if kind != "cuda" or key.stage not in ("bwd", "bwd_add"):

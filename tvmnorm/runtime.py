@@ -151,9 +151,16 @@ DEFAULT_OWN_T_ELEMENTS = 12 << 20
 # grid (rmsnorm 4096 x 2048: 40.6 against 37.0).
 DECODE_BWD_ROWS = 1024
 DECODE_BWD_NARROW_ROWS, DECODE_BWD_NARROW_HIDDEN = 2048, 2048
-# A decode backward call of at most this many rows sums the weight gradient with wgrad_few
-# (sched.default.WGRAD_FEW_SPLIT), more rows with finalize's split.
+# A decode backward call of at most WGRAD_FEW_ROWS rows sums the weight gradient with wgrad_few
+# (sched.default.WGRAD_FEW_SPLIT), one of at most WGRAD_MID_ROWS with wgrad_mid
+# (sched.default.wgrad_mid_split), more rows with finalize's split.
 WGRAD_FEW_ROWS = 64
+WGRAD_MID_ROWS = 512
+
+
+def wgrad_part(rows: int) -> str:
+    """The decode backward's wgrad kernel for a call of ``rows`` rows."""
+    return "wgrad_few" if rows <= WGRAD_FEW_ROWS else "wgrad_mid" if rows <= WGRAD_MID_ROWS else "wgrad"
 
 
 def decode_bwd_rows(hidden: int) -> int:
@@ -294,7 +301,7 @@ class NormKernel:
         wgrad = [a["dgamma"], *([a["dbeta"]] if ln else [])]
         if self.decodes(rows):
             self._decode["dx"](*dx_args)
-            self._decode["wgrad_few" if rows <= WGRAD_FEW_ROWS else "wgrad"](a["dy"], a["x"], *stats, *wgrad)
+            self._decode[wgrad_part(rows)](a["dy"], a["x"], *stats, *wgrad)
             return
         if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a

@@ -472,11 +472,11 @@ def wgrad(key: NormKey, kind: str, rows=None, name="wgrad"):
 
 def decode_funcs(key: NormKey, kind: str, rows=None, prefix=None) -> dict:
     """The decode backward of a bwd key: part name -> PrimFunc, ``dx`` (no partials), ``wgrad``
-    and ``wgrad_few`` (the same sums, scheduled for calls of few rows), global symbols
-    ``<prefix>_<part>``."""
+    ``wgrad_few`` and ``wgrad_mid`` (the same sums, scheduled for calls of few and of some
+    rows), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     return {"dx": dx(key, kind, rows, f"{prefix}_dx", partials=False),
-            **{part: wgrad(key, kind, rows, f"{prefix}_{part}") for part in ("wgrad", "wgrad_few")}}
+            **{part: wgrad(key, kind, rows, f"{prefix}_{part}") for part in ("wgrad", "wgrad_few", "wgrad_mid")}}
 
 
 def _partial_count(partials):

@@ -216,6 +216,26 @@ def _cuda_wgrad_few(func):
     return _cuda_finalize(func, *WGRAD_FEW_SPLIT)
 
 
+# wgrad's split for calls of WGRAD_FEW_ROWS + 1 to runtime.WGRAD_MID_ROWS rows at hidden 2049-4096,
+# where finalize's split (16 columns x 32 lanes) spreads 256 rows over 32 lanes of one unrolled
+# step each. Measured on the H200 (bf16, whole decode backward calls, bench/results/h200-run20/
+# bwd-small-b.log): 32 x 16 took 10.9-13.3 us at 256 rows against 11.6-14.7 (layernorm 4096:
+# 14.7 -> 13.3, rmsnorm 2560: 11.6 -> 10.9), and at 512 rows 13.9-17.0 against 13.7-18.2 (one
+# loss, rmsnorm 2560 by 0.2 us); at 1024 rows it lost by 0.6-1.9 us. Elsewhere finalize's split
+# is as fast or faster at these rows (at hidden >= 5120 it is 32 x 16 already).
+WGRAD_MID_SPLIT = (32, 16)
+WGRAD_MID_HIDDEN = (2049, 4096)
+
+
+def wgrad_mid_split(hidden: int) -> tuple:
+    lo, hi = WGRAD_MID_HIDDEN
+    return WGRAD_MID_SPLIT if lo <= hidden <= hi else finalize_split(hidden)
+
+
+def _cuda_wgrad_mid(func):
+    return _cuda_finalize(func, *wgrad_mid_split(int(func.params[-1].shape[-1])))
+
+
 COMBINE_THREADS = 64  # threadIdx.x over the columns of a tile: a warp's 32 columns are one 128-byte load
 
 
@@ -304,13 +324,13 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
                 return schedule_rows_cuda(func, rule)
             return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
         # wgrad (the decode backward's column sums of dy and x) is finalize's column sum
-        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "wgrad_few": _cuda_wgrad_few,
+        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "wgrad_few": _cuda_wgrad_few, "wgrad_mid": _cuda_wgrad_mid,
                 "combine": _cuda_combine, "amax": _cuda_amax, "amax_one": _cuda_amax_one}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
     if part == "amax_one":
         return Schedule(func)  # a serial loop over the rows' maxima
-    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "wgrad_few": _cpu_finalize, "combine": _cpu_combine,
+    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "wgrad_few": _cpu_finalize, "wgrad_mid": _cpu_finalize, "combine": _cpu_combine,
             "amax": _cpu_amax}[part](func)
 
 
