@@ -204,9 +204,9 @@ def test_cuda_bwd_partial_edges(cuda_kernels, stage, norm, dtype, hidden, rows, 
     chunk one row short, whole, of one row; with 4 or 8 rows prefetched per group, T - 1 and
     T + 1 also leave a partial group) at the fewest chunks that run the own T (own_t_chunks:
     256, or 3073 at hidden 128 and 394 at 1000, where DEFAULT_OWN_T_ELEMENTS binds), the
-    training token count, and the smaller calls: the decode backward (7 rows; 1031 at the narrow widths, runtime.decode_bwd_rows) and the dx
-    at chunks of 8 (runtime.dx_chunk_rows) with a last one of 7 rows (1031 at 4095 and 7168) or
-    of one row (2057)."""
+    training token count, and the smaller calls: the decode backward (7 rows; 1031 at the
+    narrow widths, runtime.decode_bwd_rows) and the dx at chunks of 8 (runtime.dx_chunk_rows)
+    with a last one of 7 rows (1031 at 4095 and 7168) or of one row (2057)."""
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
     run_and_check(cuda_kernels, key, rows, rng, seed, chunks=own_t_chunks(key))
 

@@ -221,8 +221,10 @@ def _cuda_wgrad_few(func):
 # step each. Measured on the H200 (bf16, whole decode backward calls, bench/results/h200-run20/
 # bwd-small-b.log): 32 x 16 took 10.9-13.3 us at 256 rows against 11.6-14.7 (layernorm 4096:
 # 14.7 -> 13.3, rmsnorm 2560: 11.6 -> 10.9), and at 512 rows 13.9-17.0 against 13.7-18.2 (one
-# loss, rmsnorm 2560 by 0.2 us); at 1024 rows it lost by 0.6-1.9 us. Elsewhere finalize's split
-# is as fast or faster at these rows (at hidden >= 5120 it is 32 x 16 already).
+# loss, rmsnorm 2560 by 0.2 us); at 1024 rows it lost by 0.6-1.9 us. Timed against each other in
+# one call of the twenty-first lease (h200-run21/mid-parts.log): 0.4-1.9 us faster at 128-384
+# rows, level at 512. Elsewhere finalize's split is as fast or faster at these rows (at hidden
+# >= 5120 it is 32 x 16 already).
 WGRAD_MID_SPLIT = (32, 16)
 WGRAD_MID_HIDDEN = (2049, 4096)
 
@@ -324,14 +326,15 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
                 return schedule_rows_cuda(func, rule)
             return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
         # wgrad (the decode backward's column sums of dy and x) is finalize's column sum
-        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "wgrad_few": _cuda_wgrad_few, "wgrad_mid": _cuda_wgrad_mid,
-                "combine": _cuda_combine, "amax": _cuda_amax, "amax_one": _cuda_amax_one}[part](func)
+        return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "wgrad_few": _cuda_wgrad_few,
+                "wgrad_mid": _cuda_wgrad_mid, "combine": _cuda_combine, "amax": _cuda_amax,
+                "amax_one": _cuda_amax_one}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
     if part == "amax_one":
         return Schedule(func)  # a serial loop over the rows' maxima
-    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "wgrad_few": _cpu_finalize, "wgrad_mid": _cpu_finalize, "combine": _cpu_combine,
-            "amax": _cpu_amax}[part](func)
+    return {"finalize": _cpu_finalize, "wgrad": _cpu_finalize, "wgrad_few": _cpu_finalize, "wgrad_mid": _cpu_finalize,
+            "combine": _cpu_combine, "amax": _cpu_amax}[part](func)
 
 
 def _hidden_of(func, part):
