@@ -8,9 +8,10 @@
 # $OUT/tuning.tgz back into the repository; with BENCH=1, $OUT/accepted-cuda-sm_90.json holds the
 # records that passed the float64 check and beat (or tie) the default schedule in the library:
 # that file is what goes into schedules/. A retuned record that loses, in the library, to the
-# default or (PREVIOUS: benchmarks of the committed records' library) to the record it would
-# replace leaves that record in place; one that lost to the default with no record to fall back
-# on becomes a record of the default's schedule (tune.default_record).
+# default, or does not beat the record it would replace (as PREVIOUS, benchmarks of the committed
+# records' library, measured it) by more than the slack, leaves that record in place; one that
+# lost to the default with no record to fall back on becomes a record of the default's schedule
+# (tune.default_record).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}

@@ -404,7 +404,8 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     kept, dropped = accept_records(records, gap)
     assert k512 not in kept and dropped[k512] == "not benchmarked"
     # a retuned record slower than the committed one it replaces (as the committed library's
-    # benchmark measured it) gives way to it; an unchanged or faster one is kept
+    # benchmark measured it), or no faster beyond the slack, gives way to it; an unchanged or
+    # faster one is kept
     committed = {keys[1024].pack(): {"key": keys[1024].name, "parts": "old"},
                  keys[2048].pack(): {"key": keys[2048].name, "parts": "old"}}
     retuned = {keys[1024].pack(): {"key": keys[1024].name, "parts": "new"},
@@ -415,6 +416,14 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert kept[keys[2048].pack()]["parts"] == "new" and keys[2048].pack() not in dropped
     kept, dropped = accept_records(committed, bench, accepted=committed, previous=previous)  # unchanged
     assert kept == committed and not dropped
+    level = [{"records": [rec(2048, "tvmnorm_tuned", 20.38)]}]  # 20.3 now: 0.4% faster, within the 2%
+    kept, dropped = accept_records(retuned, bench, accepted=committed, previous=level)
+    assert kept[keys[2048].pack()]["parts"] == "old"
+    assert dropped[keys[2048].pack()] == "no faster, beyond 2%, than the record it replaces at 16384 rows (20.3 vs 20.4 us)"
+    # ... unless the committed record ran slower than this run's default (20.0) beyond the slack
+    lost = [{"records": [rec(2048, "tvmnorm_tuned", 20.45)]}]
+    kept, dropped = accept_records(retuned, bench, accepted=committed, previous=lost)
+    assert kept[keys[2048].pack()]["parts"] == "new" and keys[2048].pack() not in dropped
     # a benchmark counts only for the records its library ran (the manifest's fingerprint): one
     # of a library that ran another 1024 record says nothing about the committed one
     from tvmnorm.build import record_fingerprint
