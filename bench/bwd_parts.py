@@ -160,7 +160,7 @@ def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
     (runtime.decode_bwd_rows, forced at any rows; again with all its wgrad kernels split each
     of the ``wgrad_splits`` ways, "decode@CxLxU"), against what the runtime picks."""
     from tvmnorm import runtime
-    from tvmnorm.build import SMALL_DX_CHUNK_ROWS
+    from tvmnorm.build import DECODE_PARTS, SMALL_DX_CHUNK_ROWS
     key = NormKey(norm=norm, stage="bwd", hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     own = k.own_chunk_rows()
@@ -168,7 +168,7 @@ def small_calls(norm: str, h: int, rows_list, wgrad_splits=()) -> list:
     ways = {"decode": decode} if decode else {}
     for w in wgrad_splits if decode else ():
         f = wgrad_variant(key, *w)
-        ways[f"decode@{'x'.join(map(str, w))}"] = {**decode, "wgrad": f, "wgrad_few": f, "wgrad_mid": f}
+        ways[f"decode@{'x'.join(map(str, w))}"] = {**decode, **{p: f for p in DECODE_PARTS if p != "dx"}}
     out = []
     for rows in rows_list:
         dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
