@@ -16,7 +16,8 @@ with its weights loaded with x, before the row sums' barriers (+ew: early_weight
 config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
 alone, which with the library's whole call shows what the amax kernels cost, and the forward
 with amax's two stages (``library-amax-two-stage``: the call before amax_one served up to
-AMAX_ONE_ROWS rows). ``--int32`` adds
+AMAX_ONE_ROWS rows); the points of y kept in registers also cast one column at a time
+(``+unpaired``: CudaRowConfig.paired_cast off). ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
 candidates get from NarrowDataType). ``--hints`` adds the default rule's point and the kept
 points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
@@ -71,6 +72,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
     # and the kept points of rows with barriers with their weights loaded before those (+ew)
     out.update({f"{name}+ew": dataclasses.replace(cfg, early_weights=True) for name, cfg in list(out.items())
                 if cfg.keep_row and cfg.threads >= EARLY_WEIGHTS_THREADS})
+    # fp8: the points of y in registers again casting one column at a time (+unpaired)
+    out.update({f"{name}+unpaired": dataclasses.replace(cfg, paired_cast=False) for name, cfg in list(out.items())
+                if cfg.keep_y and cfg.vec % 2 == 0 and "+fc" not in name and "+ew" not in name})
     return out
 
 

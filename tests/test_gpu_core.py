@@ -169,6 +169,41 @@ def test_cuda_fp8_row_maxima_stay_in_bounds(norm, rows, rng, seed):
     assert torch.all(maxima[:rows] >= 0), "row maxima not written"
 
 
+@pytest.mark.parametrize("cfg", [None, dict(threads=256, vec=8, keep_row=True, keep_y=True, paired_cast=False),
+                                 dict(threads=512, vec=8), dict(threads=128, vec=1, keep_row=True, keep_y=True)],
+                         ids=["default", "unpaired", "recomputed-y", "odd-vec"])
+@pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_fp8_saturates_and_keeps_nan(norm, otype, cfg, rng, seed):
+    """CUDA leaves the fp8 saturation to the hardware cast (cvt.rn.satfinite; no clamp written
+    out): a scale that pushes most of y past the format's range gives +-max, never inf or NaN,
+    right against float64 (amax is max|y| before scaling); and a NaN in x makes its row of y NaN,
+    as the reference's clip keeps it (fminf/fmaxf of the written clamp had made it +-max),
+    the other rows bitwise as without it."""
+    from tvmnorm.compute.norms import FP8_MAX
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype=otype, hidden_size=4096)
+    kernel = variant_kernel(key, "cuda", None if cfg is None else CudaRowConfig(**cfg))
+    rows, bad = 33, 5
+    inputs = make_inputs(key, rows, rng, device="cuda")
+    inputs["scale"] = torch.tensor([{"fp8e4m3": 1000.0, "fp8e5m2": 1e5}[otype]], device="cuda")
+    outs = call(kernel, inputs, rows, device="cuda")
+    torch.cuda.synchronize()
+    context = f"{key.name} {cfg} seed={seed}"
+    check_outputs(key, inputs, outs, context)
+    y = outs["y"].float()
+    assert torch.isfinite(y).all(), context
+    assert (y.abs() == FP8_MAX[otype]).float().mean() > 0.3, f"expected many saturated elements ({context})"
+    # the NaN row: outputs filled with finite values first, so a NaN read back was written
+    inputs["x"][bad, 17] = float("nan")
+    again = {n: torch.zeros_like(t) for n, t in outs.items()}
+    kernel(*[inputs[n] if n in inputs else again[n] for n in kernel.signature])
+    torch.cuda.synchronize()
+    assert torch.isnan(again["y"][bad].float()).all(), f"row {bad} of y is not all NaN ({context})"
+    others = torch.arange(rows, device="cuda") != bad
+    assert torch.equal(again["y"][others].view(torch.uint8), outs["y"][others].view(torch.uint8)), context
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_cuda_zero_rows(cuda_kernels, stage, rng, seed):
     """No rows: nothing is launched for the row kernels, dgamma of nothing is 0."""

@@ -102,8 +102,8 @@ def num_partials(rows: int, t: int) -> int:
     return -(-rows // t)
 
 # Saturating bound for each fp8 format: llvm's fp8 cast does not saturate (1000 -> -0.0156),
-# CUDA's does, so the clamp is written into the expression to make both agree (and _to_fp8
-# encodes subnormals itself, which llvm's cast gets wrong).
+# CUDA's does, so llvm's expression clamps to it (and _to_fp8 encodes subnormals itself, which
+# llvm's cast gets wrong).
 FP8_MAX = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}
 
 
@@ -226,7 +226,14 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
         # inlined into both, as llvm's expression always is
         yv = te.compute((N, H), yf, name=FP8_Y_STAGE)
         yf = lambda i, j: yv[i, j]  # noqa: E731
-    y = te.compute((N, H), lambda i, j: cast(te.max(te.min(yf(i, j) * up(scale[0]), m), -m)), name="y")
+    if kind == "cuda":
+        # the hardware cast saturates (cvt.rn.satfinite: +-inf -> +-MAX) and keeps NaN, as
+        # reference.fp8_quantize's clip does; a clamp written out cost two instructions an
+        # element, and fminf/fmaxf turned NaN into +-MAX
+        sat = lambda v: v  # noqa: E731
+    else:
+        sat = lambda v: te.max(te.min(v, m), -m)  # noqa: E731
+    y = te.compute((N, H), lambda i, j: cast(sat(yf(i, j) * up(scale[0]))), name="y")
     ka = te.reduce_axis((0, H), name="ka")
     amax = te.compute((N,), lambda i: te.max(te.abs(yf(i, ka)).astype("float32"), axis=ka), name="amax_row")
     return _func(ins + [scale, y] + stats + [amax, eps], name)

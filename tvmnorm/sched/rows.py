@@ -45,6 +45,8 @@ class CudaRowConfig:
                               # (the fused dx kernel always keeps its rows there)
     keep_y: bool = False      # fp8 fwd with keep_row: y (before scaling and the cast) computed
                               # once into registers that the store and amax read
+    paired_cast: bool = True  # fp8 fwd with keep_y: y cast two columns at a time (float2 ->
+                              # fp8x2: one cvt.rn.satfinite.e4m3x2 a pair, packed as stored)
     min_blocks: int = 1       # blocks one SM must hold at once (__launch_bounds__'s second
                               # argument, _tvm.MIN_BLOCKS_PER_SM): ptxas then caps a thread's
                               # registers at 64K / (threads * rows * min_blocks)
@@ -327,6 +329,11 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # (NVRTC rejects float32x8 arithmetic) and is unrolled
         if two_d:
             _vector_io(sch, blk, outer, skip=kept)
+        if y_stage is not None and name == "y" and cfg.paired_cast and cfg.vec % 2 == 0:
+            # the hardware converts two floats per instruction; one a column took a cvt of the
+            # value and a zero, then byte shuffles to pack the results for the vector store
+            v, pair = sch.split(v, [None, 2])
+            sch.vectorize(pair)
         if kept:
             # they index the row registers: constant indices, whatever `unroll`
             sch.unroll(outer)
