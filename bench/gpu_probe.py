@@ -21,7 +21,9 @@ AMAX_ONE_ROWS rows); the points of y kept in registers also cast one column at a
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
 candidates get from NarrowDataType). ``--hints`` adds the default rule's point and the kept
 points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
-torch.compile loads it) and y also stored so (``+stream2``). Writes probe.json.
+torch.compile loads it) and y also stored so (``+stream2``). ``--rows 8,16,32,64`` times instead
+the kept points of rows of at most a warp (16-byte vectors) at those rows per block, with and
+without row guards (+fc), beyond the space's 16. Writes probe.json.
 """
 from __future__ import annotations
 
@@ -42,6 +44,23 @@ from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.rows import warp_sums_problem
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants
 from tvmnorm.shapes import train_rows
+
+
+def rows_sweep(key: NormKey, rows: list) -> dict:
+    """name -> CudaRowConfig: the kept-row points of 16-byte vectors and rows of at most a warp,
+    at each block height in ``rows`` that fits 1024 threads (the space's ROWS stop at 16), and
+    again computing a block whose rows are all in bounds without row guards (+fc)."""
+    base = fwd_cuda_heuristic(key.hidden_size, 2)
+    out = {}
+    for threads, vec, keep_y, ws, early in fwd_kept_variants(key):
+        if ws or early or keep_y != key.fp8_out or threads > 32 or vec * DTYPE_BYTES[key.itype] != 16:
+            continue
+        for r in rows:
+            if threads * r <= 1024:
+                cfg = dataclasses.replace(base, threads=threads, rows=r, vec=vec, keep_row=True, keep_y=keep_y)
+                out[f"{threads}x{r}v{vec}+keep"] = cfg
+                out[f"{threads}x{r}v{vec}+keep+fc"] = dataclasses.replace(cfg, full_chunks=1)
+    return out
 
 
 def points(key: NormKey, variants: bool = True) -> dict:
@@ -79,7 +98,7 @@ def points(key: NormKey, variants: bool = True) -> dict:
 
 
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
-            hints: bool = False, library_only: bool = False) -> dict:
+            hints: bool = False, library_only: bool = False, sweep: list | None = None) -> dict:
     """Each point's time and error on one fresh input; fp8 also the library's fwd kernel alone
     (without the amax kernels), so the rest of the call shows."""
     norm, h = key.norm, key.hidden_size
@@ -122,6 +141,8 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     r = {"norm": norm, "otype": key.otype, "hidden": h, "rows": rows, "library": lib.origin,
          "points": {"library": run(lambda: lib(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps))}}
     todo = [] if library_only else [(name, cfg, 64) for name, cfg in points(key, variants).items()]
+    if sweep:  # only the block heights asked for, after the default rule's point
+        todo = todo[:1] + [(name, cfg, 64) for name, cfg in rows_sweep(key, sweep).items()]
     if int32 and todo:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
         todo.insert(1, ("default-int32", todo[0][1], 32))
     if hints:  # x loaded evict-first (stream 1) and y also stored so (2): the default rule's point
@@ -159,6 +180,8 @@ def main():
                     help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--hints", action="store_true",
                     help="also points with x loaded evict-first and y stored so (CudaRowConfig.stream)")
+    ap.add_argument("--rows", default="", help="instead of the variants: the kept-row points of rows of at most a "
+                    "warp at these rows per block, e.g. 8,16,32,64,128")
     ap.add_argument("--seconds", type=float, default=240, help="stop starting new points after this")
     args = ap.parse_args()
     deadline = time.time() + args.seconds
@@ -171,7 +194,7 @@ def main():
                 break
             r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
                         variants=not args.no_variants, int32=args.int32, hints=args.hints,
-                        library_only=args.library_only)
+                        library_only=args.library_only, sweep=[int(v) for v in args.rows.split(",") if v])
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")
