@@ -101,6 +101,29 @@ def test_fp8_saturates(kernels, norm, otype, rng, seed):
     assert np.all(np.isfinite(y)), context
 
 
+@pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fp8_keeps_nan(kernels, norm, otype, rng, seed):
+    """A NaN in x makes its row of fp8 y NaN, as the reference's clip keeps it (a clamp of
+    min/max gave +-max, llvm's cast 1.5), whatever the scale; the other rows are bitwise those
+    of the call without it (test_gpu_core checks CUDA's hardware cast the same way)."""
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype=otype, hidden_size=1000)
+    rows, bad = 5, 2
+    inputs = make_inputs(key, rows, rng)
+    inputs["scale"] = torch.tensor([{"fp8e4m3": 1000.0, "fp8e5m2": 1e5}[otype]], dtype=torch.float32)
+    kernel = kernels(key)
+    first = call(kernel, inputs, rows)
+    context = f"{key.name} seed={seed}"
+    check_outputs(key, inputs, first, context)
+    # outputs filled with finite values, not poisoned with NaN: a NaN read back was written
+    inputs["x"][bad, 17] = float("nan")
+    second = {n: torch.zeros_like(t) for n, t in first.items()}
+    kernel(*[inputs[n] if n in inputs else second[n] for n in kernel.signature])
+    assert torch.isnan(second["y"][bad].float()).all(), f"row {bad} of y is not all NaN ({context})"
+    others = torch.arange(rows) != bad
+    assert torch.equal(second["y"][others].view(torch.uint8), first["y"][others].view(torch.uint8)), context
+
+
 @pytest.mark.parametrize("norm", NORMS)
 def test_fp8_mixed_input(kernels, norm, rng, seed):
     key = NormKey(norm=norm, stage="fwd", itype="fp32", wtype="bf16", otype="fp8e4m3", hidden_size=4095)

@@ -132,6 +132,24 @@ def _to_fp8(v, otype: str, dt: str):
                        v.astype(TVM_DTYPE[otype]))
 
 
+# The byte of an fp8 NaN (e4m3fn's only NaN; one of e5m2's).
+FP8_NAN_BYTE = 0x7F
+
+
+def _quantize(v, otype: str, kind: str, dt: str):
+    """fp8 of the scaled value ``v``: saturated to the format's largest value, NaN kept NaN (as
+    reference.fp8_quantize's clip does). CUDA's cast does both by itself (cvt.rn.satfinite,
+    round-to-nearest-even, subnormals included, sm_89+): a clamp written out cost two
+    instructions an element there, and fminf/fmaxf turned NaN into +-MAX. llvm's cast does
+    neither and gets subnormals wrong, so its value is clamped and encoded by _to_fp8 (which
+    cost CUDA ~20 instructions an element), and NaN is written as its byte."""
+    if kind == "cuda":
+        return v.astype(TVM_DTYPE[otype])
+    m = tirx.const(FP8_MAX[otype], dt)
+    nan = tirx.reinterpret(TVM_DTYPE[otype], tirx.const(FP8_NAN_BYTE, "uint8"))
+    return tirx.Select(tirx.isnan(v), nan, _to_fp8(te.max(te.min(v, m), -m), otype, dt))
+
+
 def parts_of(key: NormKey, kind: str) -> tuple:
     """The kernels of a key, in call order (the same on every target kind); a call runs combine
     only for many partials, and amax or amax_one by its row count (runtime.NormKernel)."""
@@ -214,26 +232,13 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
         y = te.compute((N, H), lambda i, j: yf(i, j).astype(TVM_DTYPE[key.otype]), name="y")
         return _func(ins + [y] + stats + [eps], name)
     scale = te.placeholder((1,), "float32", name="scale")
-    m = tirx.const(FP8_MAX[key.otype], c)
-    # CUDA converts with the hardware's round-to-nearest-even, subnormals included (cvt.rn.satfinite
-    # on sm_89+); the manual subnormal encoding of _to_fp8 is for llvm, whose cast gets them wrong,
-    # and cost CUDA ~20 instructions per element
-    cast = ((lambda v: v.astype(TVM_DTYPE[key.otype])) if kind == "cuda"
-            else (lambda v: _to_fp8(v, key.otype, c)))
     if kind == "cuda":
         # y in ctype as a stage of its own, read by the store and by amax: a schedule that keeps
         # the row in registers (CudaRowConfig.keep_y) computes it once there; otherwise it is
         # inlined into both, as llvm's expression always is
         yv = te.compute((N, H), yf, name=FP8_Y_STAGE)
         yf = lambda i, j: yv[i, j]  # noqa: E731
-    if kind == "cuda":
-        # the hardware cast saturates (cvt.rn.satfinite: +-inf -> +-MAX) and keeps NaN, as
-        # reference.fp8_quantize's clip does; a clamp written out cost two instructions an
-        # element, and fminf/fmaxf turned NaN into +-MAX
-        sat = lambda v: v  # noqa: E731
-    else:
-        sat = lambda v: te.max(te.min(v, m), -m)  # noqa: E731
-    y = te.compute((N, H), lambda i, j: cast(sat(yf(i, j) * up(scale[0]))), name="y")
+    y = te.compute((N, H), lambda i, j: _quantize(yf(i, j) * up(scale[0]), key.otype, kind, c), name="y")
     ka = te.reduce_axis((0, H), name="ka")
     amax = te.compute((N,), lambda i: te.max(te.abs(yf(i, ka)).astype("float32"), axis=ka), name="amax_row")
     return _func(ins + [scale, y] + stats + [amax, eps], name)
