@@ -693,7 +693,7 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
     NarrowDataType (the kernel the tuner measured), and with int64 under <key>_<part>, for calls
     past int32 offsets. A committed record replays on both; a tuned forward's small-call kernel
     and a backward's dx at shorter chunks and its decode backward are int32 too."""
-    from tvmnorm.build import DECODE_PARTS, compile_funcs, key_funcs
+    from tvmnorm.build import compile_funcs, decode_parts, key_funcs
     from tvmnorm.tune import load_records
     record = load_records("cuda").get(key.pack()) if tuned else None
     if tuned:
@@ -714,7 +714,7 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
     if key.stage != "fwd":  # the dx at shorter chunks, for small calls (build.small_dx_funcs)
         assert "int64_t" not in body(f"{key.name}_small8_dx") and f"{key.name}_small1_dx" not in src
         # and the decode backward (build.decode_funcs)
-        for part in DECODE_PARTS:
+        for part in decode_parts(key):
             assert "int64_t" not in body(f"{key.name}_decode_{part}")
 
 

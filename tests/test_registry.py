@@ -449,20 +449,24 @@ def test_cuda_backward_holds_its_dx_at_shorter_chunks():
 
 def test_cuda_backward_holds_its_decode_backward():
     """Every CUDA backward key's kernels include the decode backward (build.decode_funcs): dx
-    without partials (no T) and wgrad split three ways (int32 rows: test_codegen's index-width
-    test); forwards and llvm have none. A call of 1 to decode_bwd_rows rows (more at narrow
-    widths) that fits int32 offsets runs it, with wgrad_few up to WGRAD_FEW_ROWS rows and
+    without partials (no T) and wgrad split three ways at hidden 2049-4096, two elsewhere, where
+    wgrad_mid's split is wgrad's and wgrad serves its calls (int32 rows: test_codegen's
+    index-width test); forwards and llvm have none. A call of 1 to decode_bwd_rows rows (more at
+    narrow widths) that fits int32 offsets runs it, with wgrad_few up to WGRAD_FEW_ROWS rows and
     wgrad_mid up to WGRAD_MID_ROWS; larger, empty and int64 calls do not."""
     from tvmnorm.build import DECODE_PARTS, decode_funcs, decode_prefix, key_funcs
     from tvmnorm.compute.norms import ROWS_PER_PARTIAL_ATTR
     import torch
     from tvmnorm.runtime import (DECODE_BWD_NARROW_HIDDEN, DECODE_BWD_NARROW_ROWS, DECODE_BWD_ROWS, WGRAD_FEW_ROWS,
                                  WGRAD_MID_ROWS, NormKernel)
-    for key in (NormKey(stage="bwd", hidden_size=8192), NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000)):
+    for key, mid in ((NormKey(stage="bwd", hidden_size=8192), False),
+                     (NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000), False),
+                     (NormKey(stage="bwd", hidden_size=2560), True), (NormKey(stage="bwd", hidden_size=4096), True)):
         funcs = key_funcs(key, "cuda")
         dx = funcs[f"{decode_prefix(key)}_dx"]
         assert dx.attrs is None or ROWS_PER_PARTIAL_ATTR not in dx.attrs
-        for part in ("wgrad", "wgrad_few", "wgrad_mid"):
+        assert (f"{decode_prefix(key)}_wgrad_mid" in funcs) == mid, key.name
+        for part in ("wgrad", "wgrad_few") + (("wgrad_mid",) if mid else ()):
             wgrad = funcs[f"{decode_prefix(key)}_{part}"]
             assert [p.name for p in wgrad.params][-key.column_sums:] in (["dgamma"], ["wgrad.v0", "wgrad.v1"])
     assert decode_funcs(NormKey(hidden_size=8192), "cuda") == {}
@@ -487,6 +491,25 @@ def test_cuda_backward_holds_its_decode_backward():
             x = torch.empty(rows, hidden)
             kernel(x, x, torch.empty(rows), torch.empty(hidden), x, torch.empty(hidden))
             assert ran == ["dx", part], (hidden, rows)
+
+
+@pytest.mark.parametrize("mid", [False, True], ids=["without-wgrad_mid", "with-wgrad_mid"])
+def test_a_module_without_wgrad_mid_serves_its_calls_with_wgrad(mid):
+    """A library holds wgrad_mid only where its split differs from wgrad's (build.decode_parts):
+    loaded from a module without it, the kernel runs wgrad for those calls; with it, its own."""
+    from tvmnorm.build import compile_funcs, decode_prefix, key_funcs
+    from tvmnorm.compute.norms import decode_funcs
+    from tvmnorm.runtime import _kernel_from_module
+    from tvmnorm.sched.default import default_schedule
+    key = NormKey(stage="bwd", hidden_size=1000)
+    parts = ("dx", "wgrad", "wgrad_few") + (("wgrad_mid",) if mid else ())
+    funcs = dict(key_funcs(key, "llvm"))
+    for part, f in decode_funcs(key, "llvm", prefix=decode_prefix(key), parts=parts).items():
+        funcs[f.attrs["global_symbol"]] = default_schedule(f, part, "llvm").mod["main"].with_attr(
+            "global_symbol", f.attrs["global_symbol"])
+    kernel = _kernel_from_module(key, "llvm", compile_funcs(funcs, "llvm").mod, False, "test")
+    assert set(kernel._decode) == {"dx", "wgrad", "wgrad_few", "wgrad_mid"}
+    assert (kernel._decode["wgrad_mid"] is kernel._decode["wgrad"]) != mid
 
 
 @pytest.mark.parametrize("norm,stage,dtype,hidden,zc", [

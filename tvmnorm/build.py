@@ -145,8 +145,16 @@ def small_dx_symbol(key: NormKey, t: int) -> str:
 
 
 # The decode backward's kernels (compute.norms.decode_funcs): dx, then one of the three wgrad
-# kernels by the call's rows (runtime.wgrad_part).
+# kernels by the call's rows (runtime.wgrad_part). wgrad_mid only where its split is wgrad's
+# own (decode_parts); elsewhere wgrad serves its calls.
 DECODE_PARTS = ("dx", "wgrad", "wgrad_few", "wgrad_mid")
+OPTIONAL_DECODE_PARTS = {"wgrad_mid": "wgrad"}
+
+
+def decode_parts(key: NormKey) -> tuple:
+    """The decode backward's kernels a CUDA library builds for ``key``."""
+    from .sched.default import has_wgrad_mid
+    return tuple(p for p in DECODE_PARTS if p != "wgrad_mid" or has_wgrad_mid(key.hidden_size))
 
 
 def decode_prefix(key: NormKey) -> str:
@@ -155,16 +163,17 @@ def decode_prefix(key: NormKey) -> str:
 
 def decode_funcs(key: NormKey, kind: str) -> dict:
     """The decode backward of a CUDA backward key (compute.norms.decode_funcs: dx without
-    partials, then wgrad's column sums of dy and x, split three ways), default-scheduled, int32
-    rows, under ``<key>_decode_<part>`` for each of DECODE_PARTS; the runtime runs it for calls of
-    at most runtime.decode_bwd_rows rows."""
+    partials, then wgrad's column sums of dy and x, split two or three ways), default-scheduled,
+    int32 rows, under ``<key>_decode_<part>`` for each of decode_parts; the runtime runs it for
+    calls of at most runtime.decode_bwd_rows rows."""
     if kind != "cuda" or key.stage not in ("bwd", "bwd_add"):
         return {}
     from .compute.norms import decode_funcs as decode_computes
     from .compute.norms import symbolic_rows
     from .sched.default import default_schedule
     out = {}
-    for part, func in decode_computes(key, kind, rows=symbolic_rows(32), prefix=decode_prefix(key)).items():
+    for part, func in decode_computes(key, kind, rows=symbolic_rows(32), prefix=decode_prefix(key),
+                                      parts=decode_parts(key)).items():
         out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
     return out
 

@@ -28,9 +28,9 @@ import pathlib
 import threading
 import warnings
 
-from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, SMALL_DX_CHUNK_ROWS, chunk_rows_of, compile_funcs,
-                    decode_prefix, file_sha256, key_funcs, narrow_prefix, scheduled_funcs, small_call_symbol,
-                    small_dx_symbol, source_hash)
+from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECODE_PARTS, SMALL_DX_CHUNK_ROWS,
+                    chunk_rows_of, compile_funcs, decode_prefix, file_sha256, key_funcs, narrow_prefix,
+                    scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, target_name
 
@@ -331,8 +331,11 @@ def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits
     narrow = {p: mod[f"{narrow_prefix(key)}_{p}"] for p in NARROW_PARTS if have(f"{narrow_prefix(key)}_{p}")}
     small = {"fwd": mod[small_call_symbol(key)]} if have(small_call_symbol(key)) else None
     small_dx = {t: mod[small_dx_symbol(key, t)] for t in SMALL_DX_CHUNK_ROWS if have(small_dx_symbol(key, t))}
-    decode = {p: mod[f"{decode_prefix(key)}_{p}"] for p in DECODE_PARTS} if all(
-        have(f"{decode_prefix(key)}_{p}") for p in DECODE_PARTS) else None
+    decode = {p: mod[f"{decode_prefix(key)}_{p}"] for p in DECODE_PARTS if have(f"{decode_prefix(key)}_{p}")}
+    for part, stand_in in OPTIONAL_DECODE_PARTS.items():  # a library builds it where it differs
+        if stand_in in decode:
+            decode.setdefault(part, decode[stand_in])
+    decode = decode if all(p in decode for p in DECODE_PARTS) else None
     funcs = {p: mod[f"{key.name}_{p}"] for p in parts_of(key, kind) if have(f"{key.name}_{p}")}
     lacking = [p for p in parts_of(key, kind) if p not in funcs]
     if lacking and (wide is None or any(p not in narrow for p in lacking)):

@@ -234,6 +234,12 @@ def wgrad_mid_split(hidden: int) -> tuple:
     return WGRAD_MID_SPLIT if lo <= hidden <= hi else finalize_split(hidden)
 
 
+def has_wgrad_mid(hidden: int) -> bool:
+    """Whether wgrad_mid's split differs from wgrad's at ``hidden``: only then is it a kernel of
+    its own (build.decode_parts); elsewhere wgrad serves its calls, the very same kernel."""
+    return wgrad_mid_split(hidden) != finalize_split(hidden)
+
+
 def _cuda_wgrad_mid(func):
     return _cuda_finalize(func, *wgrad_mid_split(int(func.params[-1].shape[-1])))
 
