@@ -504,7 +504,7 @@ def test_a_module_without_wgrad_mid_serves_its_calls_with_wgrad(mid):
     key = NormKey(stage="bwd", hidden_size=1000)
     parts = ("dx", "wgrad", "wgrad_few") + (("wgrad_mid",) if mid else ())
     funcs = dict(key_funcs(key, "llvm"))
-    for part, f in decode_funcs(key, "llvm", prefix=decode_prefix(key), parts=parts).items():
+    for part, f in decode_funcs(key, "llvm", parts, prefix=decode_prefix(key)).items():
         funcs[f.attrs["global_symbol"]] = default_schedule(f, part, "llvm").mod["main"].with_attr(
             "global_symbol", f.attrs["global_symbol"])
     kernel = _kernel_from_module(key, "llvm", compile_funcs(funcs, "llvm").mod, False, "test")
@@ -527,7 +527,7 @@ def test_decode_backward_matches_float64(norm, stage, dtype, hidden, zc, rows, r
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden,
                   zero_centered_gamma=zc)
     scheduled = {f.attrs["global_symbol"]: default_schedule(f, part, "llvm").mod["main"].with_attr(
-        "global_symbol", f.attrs["global_symbol"]) for part, f in decode_funcs(key, "llvm").items()}
+        "global_symbol", f.attrs["global_symbol"]) for part, f in decode_funcs(key, "llvm", DECODE_PARTS).items()}
     mod = compile_funcs(scheduled, "llvm").mod
     decode = {p: mod[f"{key.name}_{p}"] for p in DECODE_PARTS}
     kernel = NormKernel(key, "llvm", {}, False, "test", decode=decode)

@@ -172,8 +172,8 @@ def decode_funcs(key: NormKey, kind: str) -> dict:
     from .compute.norms import symbolic_rows
     from .sched.default import default_schedule
     out = {}
-    for part, func in decode_computes(key, kind, rows=symbolic_rows(32), prefix=decode_prefix(key),
-                                      parts=decode_parts(key)).items():
+    for part, func in decode_computes(key, kind, decode_parts(key), rows=symbolic_rows(32),
+                                      prefix=decode_prefix(key)).items():
         out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
     return out
 

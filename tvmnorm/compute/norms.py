@@ -482,12 +482,11 @@ def wgrad(key: NormKey, kind: str, rows=None, name="wgrad"):
     return _func([dy, x] + ([mu] if mu is not None else []) + [rs] + outs, name)
 
 
-def decode_funcs(key: NormKey, kind: str, rows=None, prefix=None,
-                 parts=("dx", "wgrad", "wgrad_few", "wgrad_mid")) -> dict:
-    """The decode backward of a bwd key: part name -> PrimFunc for each of ``parts``, ``dx`` (no
-    partials), ``wgrad``, ``wgrad_few`` and ``wgrad_mid`` (one compute, the same sums, under a
-    symbol each: scheduled for calls of many, few and some rows), global symbols
-    ``<prefix>_<part>``."""
+def decode_funcs(key: NormKey, kind: str, parts, rows=None, prefix=None) -> dict:
+    """The decode backward of a bwd key: part name -> PrimFunc for each of ``parts`` (of
+    build.DECODE_PARTS), ``dx`` (no partials), ``wgrad``, ``wgrad_few`` and ``wgrad_mid`` (one
+    compute, the same sums, under a symbol each: scheduled for calls of many, few and some
+    rows), global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     sums = wgrad(key, kind, rows, f"{prefix}_wgrad")
     return {part: dx(key, kind, rows, f"{prefix}_dx", partials=False) if part == "dx"
