@@ -13,11 +13,12 @@ gives its thread count; each of them also with one barrier a row sum (+ws: warp_
 that applies, and those of several rows a block also computing a block whose rows are all in
 bounds without row guards (+fc: full_chunks); and every kept point of rows of several warps again
 with its weights loaded with x, before the row sums' barriers (+ew: early_weights). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
-config with keep_y as it sets it and flipped, the kept variants, and the library's fwd kernel
-alone, which with the library's whole call shows what the amax kernels cost, and the forward
-with amax's two stages (``library-amax-two-stage``: the call before amax_one served up to
-AMAX_ONE_ROWS rows); the points of y kept in registers also cast one column at a time
-(``+unpaired``: CudaRowConfig.paired_cast off). ``--int32`` adds
+config with keep_y as it sets it and flipped, the kept variants (each a whole call, amax
+included), and the library's fwd kernel alone, which with the library's whole call shows what
+the amax kernels (or amax_zero, where the forward folds amax in) cost; the points of y kept in
+registers also cast one column at a time (``+unpaired``: CudaRowConfig.paired_cast off), and
+with ``--fold-ab`` the committed record's kernels with amax folded into the forward and not
+(``record+fold``, ``record+amax-kernels``, twice each in turn). ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
 candidates get from NarrowDataType). ``--hints`` adds the default rule's point and the kept
 points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
@@ -35,15 +36,15 @@ import time
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.compute.norms import amax_partials
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, probe_us
 from tvmnorm.reference import fwd as reference_fwd
-from tvmnorm.runtime import REGISTRY, variant_kernel
+from tvmnorm.runtime import REGISTRY, record_kernel, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm.sched.rows import warp_sums_problem
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants
 from tvmnorm.shapes import train_rows
+from tvmnorm.tune import load_records
 
 
 def rows_sweep(key: NormKey, rows: list) -> dict:
@@ -98,9 +99,12 @@ def points(key: NormKey, variants: bool = True) -> dict:
 
 
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
-            hints: bool = False, library_only: bool = False, sweep: list | None = None) -> dict:
-    """Each point's time and error on one fresh input; fp8 also the library's fwd kernel alone
-    (without the amax kernels), so the rest of the call shows."""
+            hints: bool = False, library_only: bool = False, sweep: list | None = None,
+            fold_ab: bool = False) -> dict:
+    """Each point's time and error on one fresh input. fp8 points are whole calls (the amax
+    kernels after the forward, or amax_zero before one that folds amax in); the library's fwd
+    kernel is also timed alone, so the rest of its call shows, and with ``fold_ab`` the
+    committed record's kernels with the fold forced on and off (record_kernel)."""
     norm, h = key.norm, key.hidden_size
     rows = train_rows(h)
     x = torch.randn(rows, h, device="cuda").bfloat16()
@@ -123,12 +127,15 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
 
     row_peak = ref.abs().amax(dim=1) if key.fp8_out else None
 
-    def run(call, whole=True):
+    def run(call, whole=True, zeroed=False):
         """Time and error of ``call``; fp8: with amax of the whole call (``whole``) or of each
-        row (a fwd kernel alone)."""
+        row (a fwd kernel alone that writes them out), amax zeroed before the checked call
+        (``zeroed``: a fwd kernel alone that folds into it) instead of poisoned."""
         (y.view(torch.uint8).fill_(0x7F) if key.fp8_out else y.fill_(float("nan")))  # NaN
         for t in extra_out + ([amax_row] if key.fp8_out else []):
             t.fill_(float("nan"))
+        if zeroed:
+            amax.zero_()
         call()
         err = float((y.double() - ref).abs().max()) / peak  # NaN left anywhere stays NaN
         if key.fp8_out:
@@ -137,9 +144,12 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
         t = probe_us(call)
         return {"us": t, "frac": nbytes / t / 1e3 / ceiling, "rel_err": err}
 
+    def whole_call(k):
+        return lambda: k(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps)
+
     lib = REGISTRY.get(key, "cuda")
     r = {"norm": norm, "otype": key.otype, "hidden": h, "rows": rows, "library": lib.origin,
-         "points": {"library": run(lambda: lib(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps))}}
+         "points": {"library": run(whole_call(lib))}}
     todo = [] if library_only else [(name, cfg, 64) for name, cfg in points(key, variants).items()]
     if sweep:  # only the block heights asked for, after the default rule's point
         todo = todo[:1] + [(name, cfg, 64) for name, cfg in rows_sweep(key, sweep).items()]
@@ -154,19 +164,35 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     for name, cfg, bits in todo:
         if time.time() > deadline:
             break
-        f = variant_kernel(key, "cuda", cfg, row_bits=bits)._f["fwd"]
+        k = variant_kernel(key, "cuda", cfg, row_bits=bits)
         if key.fp8_out:
-            r["points"][name] = run(lambda: f(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
+            r["points"][name] = run(whole_call(k))
         else:
+            f = k._f["fwd"]
             r["points"][name] = run(lambda: f(x, gamma, *beta, y, *stats, eps))
     if key.fp8_out:
         fwd = lib.forward_for(rows)
-        r["points"]["library-fwd-kernel-only"] = run(
-            lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
-        # the library's call as it was before amax_one: amax's two stages after the forward
-        two_stage, chunk_maxima = lib.parts_for(rows)["amax"], torch.empty(amax_partials(rows), device="cuda")
-        r["points"]["library-amax-two-stage"] = run(
-            lambda: (fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), two_stage(amax_row, chunk_maxima, amax)))
+        if "amax_zero" in lib.parts_for(rows):
+            r["points"]["library-fwd-kernel-only"] = run(
+                lambda: fwd(x, gamma, *beta, scale, y, *stats, amax, eps), zeroed=True)
+        else:
+            r["points"]["library-fwd-kernel-only"] = run(
+                lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
+    if key.fp8_out and fold_ab:
+        # the record's kernels folding amax and not, whatever compute.norms.folds_amax says,
+        # timed twice in turn (ABAB)
+        from tvmnorm.compute import norms
+        record = load_records("cuda").get(key.pack())
+        kernels, policy = {}, norms.folds_amax
+        for name, fold in (("record+fold", True), ("record+amax-kernels", False)):
+            norms.folds_amax = lambda key, kind, fold=fold: key.fp8_out and fold  # noqa: E731
+            try:
+                kernels[name] = record_kernel(key, "cuda", record, origin=name)
+            finally:
+                norms.folds_amax = policy
+        for rep in ("", "#2"):
+            for name, k in kernels.items():
+                r["points"][name + rep] = run(whole_call(k))
     return r
 
 
@@ -175,7 +201,9 @@ def main():
     ap.add_argument("--otype", default="bf16", help="bf16, or fp8e4m3 (y and its amax)")
     ap.add_argument("--no-variants", action="store_true", help="only the default rule's points")
     ap.add_argument("--library-only", action="store_true",
-                    help="only the library's call (fp8: also its forward alone and with amax's two stages)")
+                    help="only the library's call (fp8: also its forward alone)")
+    ap.add_argument("--fold-ab", action="store_true",
+                    help="fp8: also the committed record's kernels with amax folded into the forward and not")
     ap.add_argument("--int32", action="store_true",
                     help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--hints", action="store_true",
@@ -194,7 +222,8 @@ def main():
                 break
             r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
                         variants=not args.no_variants, int32=args.int32, hints=args.hints,
-                        library_only=args.library_only, sweep=[int(v) for v in args.rows.split(",") if v])
+                        library_only=args.library_only, sweep=[int(v) for v in args.rows.split(",") if v],
+                        fold_ab=args.fold_ab)
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")

@@ -9,7 +9,6 @@ import pytest
 
 from tvmnorm import NormKey
 from tvmnorm.build import compile_funcs, scheduled_funcs
-from tvmnorm.compute.norms import AMAX_CHUNK
 
 
 def cuda_source(key: NormKey, row_config=None, group_rows: int = 1) -> str:
@@ -131,38 +130,91 @@ def test_finalize_split_follows_the_hidden_size(hidden, columns, lanes):
     assert re.search(rf"blockIdx\.x\)+ \* (\(int64_t\))?{columns}\)", kernel(body, "finalize"))
 
 
-def test_fp8_amax_is_reduced_by_many_blocks_then_one():
-    """amax over the rows' maxima runs as two launches: one block per AMAX_CHUNK rows, then one
-    block over the chunk maxima (one block over every row read 524288 of them serially); for
-    calls of at most AMAX_ONE_ROWS rows, as one launch of one block whose threads each have
-    AMAX_ONE_UNROLL rows' loads in flight."""
-    from tvmnorm.sched.default import AMAX_ONE_UNROLL, AMAX_THREADS
-    src = cuda_source(NormKey(hidden_size=128, otype="fp8e4m3"))
-    first = kernel(src, "amax")
-    assert f"blockIdx.x) * (int64_t){AMAX_CHUNK})" in first, "the first stage is not one block per chunk"
-    assert re.search(r"__global__ void __launch_bounds__\(1024\) \w+_amax_kernel_1\(", src), "no second stage"
-    one = kernel(src, "amax_one")
-    assert "blockIdx" not in one and not re.search(r"\w+_amax_one_kernel_1\(", src), "amax_one is not one block"
-    loads = re.findall(r"= max\(in_thread_amax_ptr\[0\], (?:amax_row_ptr\[|condval)", one)
-    assert len(loads) == AMAX_ONE_UNROLL, f"{len(loads)} rows a loop step, not {AMAX_ONE_UNROLL}"
-    assert f"* (int64_t){AMAX_ONE_UNROLL * AMAX_THREADS})" in one
+def fp8_fwd_source(norm, hidden, cfg, fold: bool) -> str:
+    """The CUDA source of an fp8 forward scheduled by ``cfg``, folding its rows' maxima into
+    amax (_tvm.AMAX_FOLD) or writing them out to amax_row, whatever compute.norms.folds_amax
+    says of its width."""
+    from tvmnorm._tvm import AMAX_FOLD
+    funcs = scheduled_funcs(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), "cuda", row_config=cfg,
+                            parts=("fwd",))
+    funcs = {n: f.with_attr(AMAX_FOLD, 1) if fold else f.without_attr(AMAX_FOLD) for n, f in funcs.items()}
+    return compile_funcs(funcs, "cuda").mod.imports[0].inspect_source()
 
 
+FP8_ROW_POINTS = [(128, 8, 16, 8, False), (128, 4, 32, 8, True), (1000, 64, 4, 4, False), (4096, 256, 2, 8, True)]
+
+
+@pytest.mark.parametrize("fold", (False, True), ids=("amax_row", "fold"))
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
-@pytest.mark.parametrize("hidden,threads,rows,vec,keep", [
-    (128, 8, 16, 8, False), (128, 4, 32, 8, True), (1000, 64, 4, 4, False), (4096, 256, 2, 8, True)])
-def test_fp8_row_maxima_are_stored_for_rows_below_n_only(norm, hidden, threads, rows, vec, keep):
-    """With several rows a block, the last block's rows past n store no maximum: TVM lowers the
-    write-back of a reduction across threads under `threadIdx.x == 0` alone, and amax_row[n]
-    was written past its end (_tvm._guard_reduction_stores)."""
+@pytest.mark.parametrize("hidden,threads,rows,vec,keep", FP8_ROW_POINTS)
+def test_fp8_row_maxima_are_stored_for_rows_below_n_only(norm, hidden, threads, rows, vec, keep, fold):
+    """With several rows a block, the last block's rows past n store no maximum, to amax_row or
+    (folding) to the register folded into amax: TVM lowers the write-back of a reduction across
+    threads under `threadIdx.x == 0` alone, and amax_row[n] was written past its end
+    (_tvm._guard_reduction_stores)."""
     from tvmnorm.sched.rows import CudaRowConfig
     cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep, keep_y=keep)
-    body = kernel(cuda_source(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), row_config=cfg), "fwd")
-    stores = [m.start() for m in re.finditer(r"(?<!\w)amax_row_ptr\[[^\n]*\] = ", body)]
+    body = kernel(fp8_fwd_source(norm, hidden, cfg, fold), "fwd")
+    target = r"amax_fold_ptr\[0\] = (?!0x0p\+0f)" if fold else r"(?<!\w)amax_row_ptr\[[^\n]*\] = "
+    stores = [m.start() for m in re.finditer(target, body)]
     assert stores, "no row maxima stored"
     guard = rf"\(\(\(\(int64_t\)blockIdx\.x\) \* \(int64_t\){rows}\) \+ \(\(int64_t\)threadIdx\.y\)\) < n\)[^\n]*\{{\s*$"
     for at in stores:
         assert re.search(guard, body[max(0, at - 400):at]), f"a row maximum stored without its row guard: {body[at:at + 120]}"
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("hidden,threads,rows,vec,keep,warp_sums", [
+    (128, 8, 16, 8, False, False), (128, 4, 4, 8, True, False), (1000, 64, 4, 4, False, False),
+    (4096, 256, 2, 8, True, False), (7168, 128, 1, 8, True, True), (8192, 256, 1, 8, False, True)])
+def test_fp8_forward_folds_the_row_maxima_into_amax(norm, hidden, threads, rows, vec, keep, warp_sums):
+    """A folding fp8 forward (_tvm.AMAX_FOLD) takes amax[1] for amax_row[n]: each thread keeps
+    what it stored to amax_row in a register that starts at 0, and at the end of the kernel the
+    block reduces them (__reduce_max_sync, then the warps' through shared memory) and makes one
+    atomicMax on the bits, from its first thread, only where that is above amax as read from L2
+    (__ldcg; same-address atomics are served one at a time). warp_sums forwards
+    accumulate their row's maximum over the warps' partial maxima in that register too (each
+    warp's lane 0, the same value)."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep, keep_y=keep, warp_sums=warp_sums)
+    src = fp8_fwd_source(norm, hidden, cfg, fold=True)
+    assert re.search(r"_fwd_kernel\(float\* __restrict__ amax_ptr,", src) and not re.search(r"(?<!_)amax_row_ptr", src)
+    body = kernel(src, "fwd")
+    assert body.lstrip().startswith("alignas(64) float amax_fold_ptr[1];\n  amax_fold_ptr[0] = 0x0p+0f")
+    assert body.count("atomicMax(") == 1
+    block = threads * rows
+    linear = rf"\(\(\(\(int64_t\)threadIdx\.y\) \* \(int64_t\){threads}\) \+ \(\(int64_t\)threadIdx\.x\)\) == \(int64_t\)0\)" \
+        if rows > 1 else None
+    mask = "(uint)4294967295" if block >= 32 else f"(uint){(1 << block) - 1}"
+    tail = body[body.index("__reduce_max_sync("):]
+    assert tail.startswith(f"__reduce_max_sync({mask}, "), tail[:80]
+    if block > 32:
+        assert f"__shared__ alignas(64) int amax_warps_ptr[{block // 32}];" in body
+        assert tail.index("__syncthreads();") < tail.index("atomicMax(")
+        assert "max(amax_warps_ptr[0], amax_warps_ptr[1])" in tail
+    else:
+        assert "amax_warps" not in body and "__syncthreads" not in tail
+    if linear:
+        last = tail.index("__syncthreads();") if block > 32 else 0
+        assert re.search(linear, tail[last:tail.index("atomicMax(")]), "the atomic is not the block's first thread's"
+    assert re.search(r"if \(__ldcg\(\(&\(\(\(int\*\)amax_ptr\)\[0\]\)\)\) < amax_(block|warp)\) \{\s*"
+                     r"atomicMax\(\(&\(\(\(int\*\)amax_ptr\)\[0\]\)\), amax_(block|warp)\);", tail)
+    if warp_sums:  # the warps' partial maxima combined in the register, none in global memory
+        assert re.search(r"amax_fold_ptr\[0\] = max\(amax_fold_ptr\[0\], amax_row_rf_shared_ptr\[", body)
+
+
+def test_fp8_parts_fold_on_cuda_only():
+    """The CUDA fp8 forward folds its amax at every width (amax_zero, then the forward: no amax
+    kernels); llvm keeps the amax kernels after its forward."""
+    from tvmnorm.compute.norms import parts_of
+    for hidden in (128, 1000, 7168):
+        key = NormKey(otype="fp8e4m3", hidden_size=hidden)
+        assert parts_of(key, "cuda") == ("amax_zero", "fwd") and parts_of(key, "llvm") == ("fwd", "amax", "amax_one")
+    assert parts_of(NormKey(hidden_size=128), "cuda") == ("fwd",)
+    src = cuda_source(NormKey(otype="fp8e4m3", hidden_size=128))
+    assert re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?\w+_(amax\w*|fwd)_kernel\(", src)[:2] == \
+        ["amax_zero", "fwd"] and "_amax_kernel" not in src and "_amax_one_kernel" not in src
+    assert "amax_ptr[0] = 0x0p+0f" in kernel(src, "amax_zero")
 
 
 def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
@@ -369,13 +421,17 @@ def test_warp_sums_take_one_barrier_a_row_sum(norm, otype, hidden, threads, vec,
     """warp_sums: each row sum (rmsnorm's, layernorm's two, fp8's amax) is reduced within each
     warp by shuffles into shared memory at the warp's place, and every thread then adds the
     warps' sums: one __syncthreads a row sum where TVM's allreduce over several warps takes two;
-    the row's statistics are still stored by one thread."""
+    the row's statistics are still stored by one thread. (A forward folding its amax takes one
+    barrier more at its end, _tvm.AMAX_FOLD, not counted here.)"""
 
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     base = CudaRowConfig(threads=threads, rows=1, vec=vec, keep_row=keep, keep_y=keep and otype != "bf16")
-    before = kernel(cuda_source(key, row_config=base), "fwd")
-    after = kernel(cuda_source(key, row_config=dataclasses.replace(base, warp_sums=True)), "fwd")
+
+    def row_sums(src):
+        return kernel(src, "fwd").split("__shared__ alignas(64) int amax_warps_ptr")[0]
+    before = row_sums(cuda_source(key, row_config=base))
+    after = row_sums(cuda_source(key, row_config=dataclasses.replace(base, warp_sums=True)))
     sums = (2 if norm == "layernorm" else 1) + (otype != "bf16")
     assert before.count("__syncthreads") == 2 * sums and after.count("__syncthreads") == sums
     assert len(re.findall(rf"__shared__ alignas\(64\) float \w+_rf_shared_ptr\[{threads // 32}\];", after)) == sums

@@ -138,35 +138,49 @@ def test_cuda_two_stage_partial_sum(cuda_kernels, norm, stage, rng, seed):
     check_outputs(key, inputs, first, f"cuda {key.name} rows={rows} seed={seed} (two-stage partial sum)")
 
 
-@pytest.mark.parametrize("extra", (0, 1))
-@pytest.mark.parametrize("norm", NORMS)
-def test_cuda_fp8_amax_by_one_kernel_or_two(cuda_kernels, norm, extra, rng, seed):
-    """amax of AMAX_ONE_ROWS rows comes from amax_one (one block), of one row more from amax's
-    two stages: right against float64 on both sides of the switch (hidden 128: 16 rows a
-    block, a partial last block past it)."""
-    from tvmnorm.compute.norms import AMAX_ONE_ROWS
-    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=128)
-    run_and_check(cuda_kernels, key, AMAX_ONE_ROWS + extra, rng, seed)
-
-
-@pytest.mark.parametrize("rows", (1, 17, 4095))
-@pytest.mark.parametrize("norm", NORMS)
-def test_cuda_fp8_row_maxima_stay_in_bounds(norm, rows, rng, seed):
-    """The fp8 forward with 16 rows a block writes no row maximum past the last row: amax_row
-    is the head of a larger buffer whose tail must keep its sentinel (TVM's lowering wrote the
-    last block's rows past n; _tvm._guard_reduction_stores)."""
+@pytest.mark.parametrize("rows", (1, 17, 4095, 16385))
+@pytest.mark.parametrize("norm,hidden,threads,block_rows,vec,warp_sums", [
+    ("rmsnorm", 128, 8, 16, 8, False), ("layernorm", 128, 4, 4, 8, False), ("rmsnorm", 1000, 64, 4, 4, False),
+    ("layernorm", 4096, 256, 2, 8, False), ("rmsnorm", 7168, 128, 1, 8, True), ("layernorm", 8192, 256, 1, 8, True)])
+def test_cuda_fp8_amax_folded_by_blocks(norm, hidden, threads, block_rows, vec, warp_sums, rows, rng, seed):
+    """A forward that folds its rows' maxima into amax (_tvm.AMAX_FOLD: a register a thread,
+    one atomic a block, after amax_zero) is right against float64 with blocks of one to 16
+    rows, a block of half a warp, warp_sums rows (every warp holds the row's maximum), a
+    partial last block (rows past n must not fold) and more blocks than one wave."""
     from tvmnorm.sched.rows import CudaRowConfig
-    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=128)
-    fwd = variant_kernel(key, "cuda", CudaRowConfig(threads=8, rows=16, vec=8))._f["fwd"]
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=hidden)
+    keep = warp_sums or threads * block_rows < 32
+    kernel = variant_kernel(key, "cuda", CudaRowConfig(threads=threads, rows=block_rows, vec=vec, keep_row=keep,
+                                                       keep_y=keep, warp_sums=warp_sums))
+    assert "amax_zero" in kernel._f and "amax" not in kernel._f
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_fp8_folded_amax_starts_from_zero(cuda_kernels, norm, rng, seed):
+    """A folding forward's amax is zeroed by each call (amax_zero) before the rows fold into
+    it: a call after one with larger values gives its own maximum, and a call of no rows 0;
+    the largest |y| in the first row, a middle one or the last is found."""
+    from tvmnorm.compute.norms import folds_amax
+    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype="fp8e4m3", hidden_size=4096)
+    assert folds_amax(key, "cuda")
+    k = cuda_kernels(key)
+    rows = 4099
     inputs = make_inputs(key, rows, rng, device="cuda")
-    y = torch.empty((rows, 128), dtype=torch.float8_e4m3fn, device="cuda")
-    stats = [torch.empty(rows, device="cuda") for _ in range(2 if norm == "layernorm" else 1)]
-    beta = [inputs["beta"]] if norm == "layernorm" else []
-    maxima = torch.full((rows + 64,), -1.0, device="cuda")  # no maximum of |y| is negative
-    fwd(inputs["x"], inputs["gamma"], *beta, inputs["scale"], y, *stats, maxima[:rows], 1e-5)
+    outs = call(k, dict(inputs, x=inputs["x"] * 64), rows, device="cuda")  # amax now holds a larger maximum
+    k(*[inputs[n] if n in inputs else outs[n] for n in k.signature])  # the same outputs again
     torch.cuda.synchronize()
-    assert torch.all(maxima[rows:] == -1.0), f"{int((maxima[rows:] != -1.0).sum())} maxima written past row {rows}"
-    assert torch.all(maxima[:rows] >= 0), "row maxima not written"
+    check_outputs(key, inputs, outs, f"cuda {key.name} rows={rows} seed={seed} (after a larger call)")
+    for spike in (0, rows // 2, rows - 1):
+        x = inputs["x"].clone()
+        x[spike, 5] = 40.0
+        again = call(k, dict(inputs, x=x), rows, device="cuda")
+        torch.cuda.synchronize()
+        check_outputs(key, dict(inputs, x=x), again, f"cuda {key.name} spike at row {spike} seed={seed}")
+    none = make_inputs(key, 0, rng, device="cuda")
+    empty = call(k, none, 0, device="cuda")
+    torch.cuda.synchronize()
+    assert float(empty["amax"][0]) == 0.0, "amax of no rows is not 0"
 
 
 @pytest.mark.parametrize("cfg", [None, dict(threads=256, vec=8, keep_row=True, keep_y=True, paired_cast=False),

@@ -444,11 +444,133 @@ def _guard_reduction_stores(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.BufferStore, guard)]))
 
 
+# A CUDA fp8 forward that carries AMAX_FOLD (build.scheduled_funcs marks those that
+# compute.norms.folds_amax) takes amax[1] in place of its per-row maxima output amax_row[n] and
+# folds the rows' maxima into it, as TransformerEngine's fp8 forward does: the amax kernels
+# after it, which read every row's maximum back, cost ~3-5 us a call on the H200
+# (bench/results/h200-run22/fp8-probe.log). The runtime zeroes amax first (amax_zero). Each
+# thread keeps what the schedule stored to amax_row in a register instead (0, the identity of a
+# max of absolute values, where it stores none: threads that hold no row's maximum, rows past
+# n); at the end of the kernel, which every thread of the block reaches, the block reduces the
+# registers (a warp's by __reduce_max_sync, the warps' through shared memory) and one thread
+# makes one atomic for the block, where its maximum is above amax as it stands. A non-negative
+# float orders as its int32 bits: the atomic is atomicMax on the bits. Same-address atomics are
+# served one at a time: one a warp (the reverted bde00a7) made QK-norm's 131072 of them 2.1x
+# slower, and one a block, unconditional, made hidden 896-2048 ~5 us slower on the H200 (the
+# fold's first probe, bench/results/h200-run23/), where ~16384 blocks finish in ~20 us; and
+# the warp_sums forwards, whose every warp stores its row's maximum, could not fold per warp. The tuner's candidates keep amax_row (MetaSchedule
+# allocates a kernel's arguments from its PrimFunc, which says amax_row[n]).
+AMAX_FOLD = "tvmnorm.amax_fold"
+AMAX_ROW = "amax_row"
+
+
+def _block_threads(func) -> list:
+    """(var, extent) of the kernel's threadIdx.x, .y, .z, in the order of a thread's linear
+    index in its block (x fastest), each axis it launches."""
+    threads = {}
+    _walk(func.body, tirx.AttrStmt, lambda a: threads.setdefault(a.node.thread_tag, (a.node.var, a.value))
+          if a.attr_key == "thread_extent" and a.node.thread_tag.startswith("threadIdx") else None)
+    return [threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in threads]
+
+
+def _block_fold(func, acc, amax):
+    """The statements that fold every thread's ``acc`` into ``amax`` with one atomic a block."""
+    threads = _block_threads(func)
+    linear, stride, count = None, None, 1
+    for var, extent in threads:
+        term = var if stride is None else var * stride
+        linear = term if linear is None else linear + term
+        stride = extent if stride is None else stride * extent
+        count *= int(extent)
+    ty = linear.ty
+    warps = -(-count // 32)
+    last = count - 32 * (warps - 1)  # threads of the last warp
+    full, part = tirx.const(0xFFFFFFFF, "uint32"), tirx.const((1 << last) - 1 if last < 32 else 0xFFFFFFFF, "uint32")
+    warp = tirx.floordiv(linear, tirx.const(32, ty))
+    lane = tirx.floormod(linear, tirx.const(32, ty))
+    first = linear == tirx.const(0, ty)
+    bits = tirx.decl_buffer((1,), "int32", name="amax_bits", data=amax.data)
+    top = tirx.Var("amax_warp", "int32")
+
+    def atomic(value):
+        # only above amax as it stands, read from L2 (__ldcg: no stale copy in L1): amax only
+        # grows during the kernel, so a block at or below the value read cannot raise it, and
+        # after the first blocks nearly every block skips its atomic
+        address = tirx.address_of(tirx.BufferLoad(bits, [0]))
+        return tirx.SeqStmt([tirx.DeclBuffer(bits, data=amax.data), tirx.IfThenElse(
+            tirx.call_extern("int32", "__ldcg", address) < value,
+            tirx.Evaluate(tirx.call_extern("int32", "atomicMax", address, value)), None)])
+    mask = part if warps == 1 else full if last == 32 else tirx.Select(warp == warps - 1, part, full)
+    reduce = tirx.Bind(top, tirx.call_extern("int32", "__reduce_max_sync", mask,
+                                             tirx.reinterpret("int32", tirx.BufferLoad(acc, [0]))))
+    if warps == 1:
+        return [reduce, tirx.IfThenElse(first, atomic(top), None)]
+    tops = tirx.decl_buffer((warps,), "int32", name="amax_warps", scope="shared")
+    block = tirx.Var("amax_block", "int32")
+    most = tirx.BufferLoad(tops, [0])
+    for w in range(1, warps):
+        most = tirx.Max(most, tirx.BufferLoad(tops, [w]))
+    sync = tirx.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+    return [tirx.AllocBuffer(tops), reduce,
+            tirx.IfThenElse(lane == tirx.const(0, ty), tirx.BufferStore(tops, top, [warp]), None), sync,
+            tirx.IfThenElse(first, tirx.SeqStmt([tirx.Bind(block, most), atomic(block)]), None)]
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.AmaxFold")
+def _amax_fold(func, _mod, _ctx):
+    if AMAX_FOLD not in func.attrs:
+        return func
+    # buffers are variables of a buffer type here, named as declared: the parameter and the
+    # flat view of it that the body declares are both amax_row
+    amax = tirx.decl_buffer((1,), "float32", name="amax")
+    acc = tirx.decl_buffer((1,), "float32", name="amax_fold", scope="local")
+    stores = []
+
+    def ours(buf):
+        return buf.name == AMAX_ROW
+
+    def store(node):
+        if not ours(node.buffer):
+            return node
+        stores.append(node)
+        return tirx.BufferStore(acc, node.value, [0])
+
+    def load(node):
+        return tirx.BufferLoad(acc, [0]) if ours(node.source) else node
+
+    def decl(node):
+        return tirx.Evaluate(0) if ours(node.buffer) else node
+    body = tvm_ffi.structural_map(func.body, [(tirx.BufferStore, store), (_LOAD, load), (tirx.DeclBuffer, decl)])
+    if not stores:
+        raise RuntimeError(f"{func.attrs.get('global_symbol')}: no store of {AMAX_ROW} to fold into amax")
+    innermost = []
+
+    def wrap(attr):
+        nested = []
+        _walk(attr.body, tirx.AttrStmt, lambda a: nested.append(a) if a.attr_key == "thread_extent" else None)
+        if attr.attr_key != "thread_extent" or nested:
+            return attr
+        innermost.append(attr)
+        start = [tirx.AllocBuffer(acc), tirx.BufferStore(acc, tirx.const(0.0, "float32"), [0])]
+        return tirx.AttrStmt(attr.node, attr.attr_key, attr.value,
+                             tirx.SeqStmt(start + [attr.body] + _block_fold(func, acc, amax)))
+    body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, wrap)])
+    if len(innermost) != 1:
+        raise RuntimeError(f"{func.attrs.get('global_symbol')}: {len(innermost)} innermost thread launches, not one")
+    left = []
+    _walk(body, tirx.Var, lambda v: left.append(v) if v.name == AMAX_ROW else None)
+    if left:
+        raise RuntimeError(f"{func.attrs.get('global_symbol')}: {AMAX_ROW} is still read after the fold")
+    params = [amax if p.name == AMAX_ROW else p for p in func.params]
+    return PrimFunc(params, body, func.ret_type, func.attrs)
+
+
 def _install_unroll_by():
-    """Run _stream_loads, _guard_reduction_stores, _full_chunks and _unroll_annotated first
-    wherever the default TIR pipeline runs UnrollLoop (it looks the pass up on tirx.transform at
-    each build). All but _guard_reduction_stores change only loops that carry STREAM_LOADS,
-    FULL_CHUNK or UNROLL_BY."""
+    """Run _stream_loads, _guard_reduction_stores, _amax_fold, _full_chunks and
+    _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks the pass
+    up on tirx.transform at each build). _stream_loads, _full_chunks and _unroll_annotated change
+    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY; _amax_fold only functions that
+    carry AMAX_FOLD."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return
@@ -457,7 +579,8 @@ def _install_unroll_by():
         # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
         # copy its own
         # the guards first: a whole block's copy (_full_chunks) drops them with the others
-        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _full_chunks, _unroll_annotated,
+        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _amax_fold, _full_chunks,
+                                         _unroll_annotated,
                                          tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True

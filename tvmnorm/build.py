@@ -56,9 +56,11 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     ``row_bits`` = 32 gives the kernels an int32 row count (compute.symbolic_rows); ``parts``
     keeps only those kernels, named ``<prefix>_<part>`` (default prefix: the key's name).
     ``group_rows`` is the dx kernel's rows per row reduction (compute.norms._group_sums; a probe
-    variant, no record has it)."""
+    variant, no record has it). A forward that compute.norms.folds_amax carries _tvm.AMAX_FOLD
+    (its amax_row output becomes amax[1]): the tuner's candidates alone keep amax_row."""
     from . import compute
-    from ._tvm import Schedule, Trace
+    from ._tvm import AMAX_FOLD, Schedule, Trace
+    from .compute.norms import folds_amax
     from .sched.default import default_schedule
     from .sched.rows import schedule_rows_cpu, schedule_rows_cuda
     out = {}
@@ -77,14 +79,16 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
             Trace.apply_json_to_schedule(trace, sch)
         else:
             sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
-        out.update(_kernel(sch, func))
+        out.update(_kernel(sch, func, AMAX_FOLD if part == "fwd" and folds_amax(key, kind) else None))
     return out
 
 
-def _kernel(sch, func) -> dict:
-    """{symbol: the scheduled PrimFunc} of ``func`` (its global symbol) scheduled by ``sch``."""
+def _kernel(sch, func, mark: str | None = None) -> dict:
+    """{symbol: the scheduled PrimFunc} of ``func`` (its global symbol) scheduled by ``sch``,
+    with the attribute ``mark`` set (to 1) where given."""
     symbol = func.attrs["global_symbol"]
-    return {symbol: sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)}
+    scheduled = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
+    return {symbol: scheduled.with_attr(mark, 1) if mark else scheduled}
 
 
 # On CUDA a key's row kernels (the forward and the backward's dx: the kernels that walk x) come

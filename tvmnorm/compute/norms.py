@@ -9,9 +9,12 @@ Kernels per stage (``KERNEL_PARTS``) and their arguments, in order:
 fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row[n]), eps
            layernorm  x, gamma, beta[H], (scale), y, mu[n], rsigma, (amax_row), eps
            (scale and amax_row only when otype is fp8: y = sat(y * scale), amax_row = max|y|
-           per row before scaling, as TransformerEngine's fused fp8 output does)
-amax       amax_row[n], amax_part[ceil(n / AMAX_CHUNK)] -> amax[1]   (fp8 fwd only)
-amax_one   amax_row[n] -> amax[1]   (fp8 fwd only; one launch, for calls of <= AMAX_ONE_ROWS rows)
+           per row before scaling, as TransformerEngine's fused fp8 output does; on CUDA
+           (folds_amax) the forward takes amax[1] in amax_row's place and folds the rows'
+           maxima into it, at most one atomic a block: _tvm.AMAX_FOLD)
+amax_zero  -> amax[1] = 0   (fp8 fwd on cuda: before the forward folds into it)
+amax       amax_row[n], amax_part[ceil(n / AMAX_CHUNK)] -> amax[1]   (fp8 fwd on llvm)
+amax_one   amax_row[n] -> amax[1]   (as amax; one task, for calls of <= AMAX_ONE_ROWS rows)
 dx         rmsnorm    dy[n,H], x, rsigma, gamma, (dz[n,H]), dx[n,H], part[1,q,H]
            layernorm  dy, x, mu, rsigma, gamma, (dz), dx, part[2,q,H]   (dz only for bwd_add)
 combine    part[s,q,H] -> mid[s,ceil(q / COMBINE_GROUP),H]   (only for many partials)
@@ -40,7 +43,7 @@ from .._tvm import register_sum_reducers, te, tirx
 from ..key import TVM_DTYPE, NormKey
 from ..targets import KINDS
 
-KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"),
+KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"), "fwd_fp8_cuda": ("amax_zero", "fwd"),
                 "bwd": ("dx", "combine", "finalize"), "bwd_add": ("dx", "combine", "finalize")}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
@@ -150,10 +153,21 @@ def _quantize(v, otype: str, kind: str, dt: str):
     return tirx.Select(tirx.isnan(v), nan, _to_fp8(te.max(te.min(v, m), -m), otype, dt))
 
 
+def folds_amax(key: NormKey, kind: str) -> bool:
+    """Whether ``key``'s forward on target ``kind`` folds its rows' maxima into amax
+    (_tvm.AMAX_FOLD, after amax_zero) instead of writing them out for the amax kernels: on
+    CUDA, where the fold was as fast or faster at every catalog width on the H200 (the whole
+    call 0-5 us faster, most at hidden 128 and 512; bench/results/h200-run23/). llvm keeps the
+    amax kernels (no atomics there)."""
+    return key.fp8_out and kind == "cuda"
+
+
 def parts_of(key: NormKey, kind: str) -> tuple:
-    """The kernels of a key, in call order (the same on every target kind); a call runs combine
-    only for many partials, and amax or amax_one by its row count (runtime.NormKernel)."""
-    return KERNEL_PARTS["fwd_fp8" if key.fp8_out else key.stage]
+    """The kernels of a key on target ``kind``, in call order; a call runs combine only for
+    many partials, and amax or amax_one by its row count (runtime.NormKernel)."""
+    if key.fp8_out:
+        return KERNEL_PARTS["fwd_fp8_cuda" if folds_amax(key, kind) else "fwd_fp8"]
+    return KERNEL_PARTS[key.stage]
 
 
 def symbolic_rows(bits: int = 64):
@@ -244,10 +258,10 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     return _func(ins + [scale, y] + stats + [amax, eps], name)
 
 
-# Rows of amax_row that one block of the amax kernel's first stage reduces. One block reducing
-# every row read 524288 rows (QK-norm at 16384 tokens) with 512 loads per thread in a loop: on
-# the H200 rmsnorm fp8 at hidden 128 took 275 us in all, 97 us in two stages; the first stage is
-# one wave of blocks with 4 loads per thread, the second reduces ceil(n / 4096) values.
+# Rows of amax_row that one task of the amax kernel's first stage reduces (llvm; it was CUDA's
+# too until its forward folded amax in: there one block reducing every row read 524288 rows of
+# QK-norm with 512 loads per thread in a loop, 275 us in all on the H200 against 97 us in two
+# stages). The second stage reduces ceil(n / 4096) values.
 AMAX_CHUNK = 4096
 
 
@@ -273,22 +287,25 @@ def amax(rows=None, name="amax"):
     return _func([row, part, out], name)
 
 
-# The most rows amax_one serves: one block reading up to 32 of them a thread (unrolled by
-# sched.default.AMAX_ONE_UNROLL, so that they are in flight together) against a second launch
-# (amax's two stages): 0-2.3 us saved on the H200 at 16384 tokens. One block reading all
-# 524288 rows of QK-norm serially is what the two stages replaced.
+# The most rows amax_one serves (one serial task) instead of amax's two stages (from CUDA's
+# amax kernels, where one block of 1024 threads served them 0-2.3 us faster than two launches).
 AMAX_ONE_ROWS = 8 * AMAX_CHUNK
 
 
 def amax_one(rows=None, name="amax_one"):
-    """amax[0] = max(amax_row) in one stage (one block on CUDA): a call of at most AMAX_ONE_ROWS
-    rows, the training and decode shapes of every catalog width but 128, saves amax's second
-    launch."""
+    """amax[0] = max(amax_row) in one stage: a call of at most AMAX_ONE_ROWS rows, the
+    training and decode shapes of every catalog width but 128, saves amax's second step."""
     N = _rows(rows)
     row = te.placeholder((N,), "float32", name="amax_row")
     r = te.reduce_axis((0, _at_least_one(N, 1) if isinstance(N, tirx.Var) else max(N, 1)), name="r")
     out = te.compute((1,), lambda _: te.max(_row_or_zero(row, N, r), axis=r), name="amax")
     return _func([row, out], name)
+
+
+def amax_zero(name="amax_zero"):
+    """amax[0] = 0: a forward that folds_amax then folds the rows' maxima into it."""
+    out = te.compute((1,), lambda _: tirx.const(0.0, "float32"), name="amax")
+    return _func([out], name)
 
 
 def _at_least_one(N, C):
@@ -548,7 +565,7 @@ def kernel_funcs(key: NormKey, kind: str, rows=None, prefix=None, chunk_rows=Non
     global symbols ``<prefix>_<part>``."""
     prefix = prefix or key.name
     build = {"fwd": lambda n: fwd(key, kind, rows, n), "amax": lambda n: amax(rows, n),
-             "amax_one": lambda n: amax_one(rows, n),
+             "amax_one": lambda n: amax_one(rows, n), "amax_zero": amax_zero,
              "dx": lambda n: dx(key, kind, rows, n, chunk_rows, group_rows), "combine": lambda n: combine(key, n),
              "finalize": lambda n: finalize(key, kind, n)}
     return {part: build[part](f"{prefix}_{part}") for part in parts_of(key, kind)}

@@ -265,35 +265,10 @@ def _cuda_combine(func):
     return sch
 
 
-AMAX_THREADS = 1024
-
-
-def _cuda_amax(func):
-    """Both stages (chunk maxima, then their max) as a block-wide allreduce of 1024 threads:
-    the first stage one block per chunk, the second one block."""
+def _cuda_amax_zero(func):
     sch = Schedule(func)
-    for blk in sch.get_child_blocks(sch.get_sblock("root")):
-        outer, r = sch.get_loops(blk)
-        sch.bind(outer, "blockIdx.x")
-        _, tx = sch.split(r, [None, AMAX_THREADS])
-        sch.bind(tx, "threadIdx.x")
-    return sch
-
-
-# Rows a thread of amax_one keeps in flight: its loads are independent (only the max chains), but
-# a rolled loop waits for each before the next.
-AMAX_ONE_UNROLL = 8
-
-
-def _cuda_amax_one(func):
-    """One block of 1024 threads, each reading rows 1024 apart, AMAX_ONE_UNROLL at a time."""
-    sch = Schedule(func)
-    blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
-    outer, r = sch.get_loops(blk)
-    sch.bind(outer, "blockIdx.x")
-    _, u, tx = sch.split(r, [None, AMAX_ONE_UNROLL, AMAX_THREADS])
-    sch.bind(tx, "threadIdx.x")
-    sch.unroll(u)
+    (only,) = sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[0])
+    sch.bind(only, "threadIdx.x")
     return sch
 
 
@@ -333,8 +308,7 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
             return schedule_rows_cuda(func, fwd_cuda_heuristic(hidden, itype_bytes))
         # wgrad (the decode backward's column sums of dy and x) is finalize's column sum
         return {"finalize": _cuda_finalize, "wgrad": _cuda_finalize, "wgrad_few": _cuda_wgrad_few,
-                "wgrad_mid": _cuda_wgrad_mid, "combine": _cuda_combine, "amax": _cuda_amax,
-                "amax_one": _cuda_amax_one}[part](func)
+                "wgrad_mid": _cuda_wgrad_mid, "combine": _cuda_combine, "amax_zero": _cuda_amax_zero}[part](func)
     if part in ROW_PARTS:
         return schedule_rows_cpu(func, cpu_row_heuristic(hidden, fused=part == "dx"))
     if part == "amax_one":
@@ -344,7 +318,7 @@ def default_schedule(func, part: str, target_kind: str, itype_bytes: int = 2):
 
 
 def _hidden_of(func, part):
-    if part in ("amax", "amax_one"):
+    if part in ("amax", "amax_one", "amax_zero"):
         return 1
     shape = func.params[0].shape
     return int(shape[-1])

@@ -181,8 +181,9 @@ def _fp8_scale(scale, device):
 
 
 def _amax_out(rows: int, device):
-    """amax's output: written by the amax kernels of a call with rows, so only a call of no
-    rows, which launches nothing, needs the fill kernel of torch.zeros."""
+    """amax's output: written by every call with rows (the amax kernels after the forward, or
+    amax_zero before a forward that folds into it), so only a call of no rows, which launches
+    nothing, needs the fill kernel of torch.zeros."""
     return (torch.empty if rows else torch.zeros)((1,), dtype=torch.float32, device=device)
 
 
