@@ -156,9 +156,9 @@ def _quantize(v, otype: str, kind: str, dt: str):
 def folds_amax(key: NormKey, kind: str) -> bool:
     """Whether ``key``'s forward on target ``kind`` folds its rows' maxima into amax
     (_tvm.AMAX_FOLD, after amax_zero) instead of writing them out for the amax kernels: on
-    CUDA, where the fold was as fast or faster at every catalog width on the H200 (the whole
-    call 0-5 us faster, most at hidden 128 and 512; bench/results/h200-run23/). llvm keeps the
-    amax kernels (no atomics there)."""
+    CUDA, where the fold was as fast or faster at every catalog width timed on the H200 (the
+    whole call 0-4 us faster, most at hidden 128 and 512; bench/results/h200-run23/). llvm
+    keeps the amax kernels after its forward."""
     return key.fp8_out and kind == "cuda"
 
 
