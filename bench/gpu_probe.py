@@ -15,7 +15,8 @@ bounds without row guards (+fc: full_chunks); and every kept point of rows of se
 with its weights loaded with x, before the row sums' barriers (+ew: early_weights). With ``--otype fp8e4m3`` (y in fp8 and its amax): the default rule's
 config with keep_y as it sets it and flipped, the kept variants (each a whole call, amax
 included), and the library's fwd kernel alone, which with the library's whole call shows what
-the amax kernels (or amax_zero, where the forward folds amax in) cost; the points of y kept in
+the amax kernels (or amax_zero and the atomics, where the forward folds amax in: then also
+amax_zero alone) cost; the points of y kept in
 registers also cast one column at a time (``+unpaired``: CudaRowConfig.paired_cast off), and
 with ``--fold-ab`` the committed record's kernels with amax folded into the forward and not
 (``record+fold``, ``record+amax-kernels``, twice each in turn). ``--int32`` adds
@@ -172,9 +173,14 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
             r["points"][name] = run(lambda: f(x, gamma, *beta, y, *stats, eps))
     if key.fp8_out:
         fwd = lib.forward_for(rows)
-        if "amax_zero" in lib.parts_for(rows):
+        parts = lib.parts_for(rows)
+        if "amax_zero" in parts:
+            # amax zeroed once: each timed call finds amax at its maximum and makes no atomic
             r["points"]["library-fwd-kernel-only"] = run(
                 lambda: fwd(x, gamma, *beta, scale, y, *stats, amax, eps), zeroed=True)
+            # amax_zero's launch alone: the whole call less it and the forward alone is what
+            # the atomics of the blocks that read amax before it rises cost
+            r["points"]["library-amax-zero-only"] = {"us": probe_us(lambda: parts["amax_zero"](amax))}
         else:
             r["points"]["library-fwd-kernel-only"] = run(
                 lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
