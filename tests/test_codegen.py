@@ -132,8 +132,8 @@ def test_finalize_split_follows_the_hidden_size(hidden, columns, lanes):
 
 def fp8_fwd_source(norm, hidden, cfg, fold: bool) -> str:
     """The CUDA source of an fp8 forward scheduled by ``cfg``, folding its rows' maxima into
-    amax (_tvm.AMAX_FOLD) or writing them out to amax_row, whatever compute.norms.folds_amax
-    says of its width."""
+    amax (_tvm.AMAX_FOLD, as every CUDA fp8 forward does: compute.norms.folds_amax) or writing
+    them out to amax_row."""
     from tvmnorm._tvm import AMAX_FOLD
     funcs = scheduled_funcs(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), "cuda", row_config=cfg,
                             parts=("fwd",))

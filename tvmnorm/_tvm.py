@@ -403,14 +403,21 @@ def _free_vars(func) -> list:
     return [v for v in used if not any(v.same_as(d) for d in defined)]
 
 
+def _block_threads(func) -> list:
+    """(var, extent) of the kernel's threadIdx.x, .y, .z, in the order of a thread's linear
+    index in its block (x fastest), each axis it launches."""
+    threads = {}
+    _walk(func.body, tirx.AttrStmt, lambda a: threads.setdefault(a.node.thread_tag, (a.node.var, a.value))
+          if a.attr_key == "thread_extent" and a.node.thread_tag.startswith("threadIdx") else None)
+    return [threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in threads]
+
+
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.FullChunk")
 def _full_chunks(func, _mod, _ctx):
     if not _marked(func, FULL_CHUNK):
         return func
     row_counts = _row_counts(func)
-    threads = []
-    _walk(func.body, tirx.AttrStmt, lambda a: threads.append((a.node.var, a.value))
-          if a.attr_key == "thread_extent" and a.node.thread_tag.startswith("threadIdx") else None)
+    threads = _block_threads(func)
 
     def version(loop):
         if FULL_CHUNK not in loop.annotations:
@@ -458,19 +465,11 @@ def _guard_reduction_stores(func, _mod, _ctx):
 # served one at a time: one a warp (the reverted bde00a7) made QK-norm's 131072 of them 2.1x
 # slower, and one a block, unconditional, made hidden 896-2048 ~5 us slower on the H200 (the
 # fold's first probe, bench/results/h200-run23/), where ~16384 blocks finish in ~20 us; and
-# the warp_sums forwards, whose every warp stores its row's maximum, could not fold per warp. The tuner's candidates keep amax_row (MetaSchedule
-# allocates a kernel's arguments from its PrimFunc, which says amax_row[n]).
+# the warp_sums forwards, whose every warp stores its row's maximum, could not fold per warp.
+# The tuner's candidates keep amax_row (MetaSchedule allocates a kernel's arguments from its
+# PrimFunc, which says amax_row[n]).
 AMAX_FOLD = "tvmnorm.amax_fold"
 AMAX_ROW = "amax_row"
-
-
-def _block_threads(func) -> list:
-    """(var, extent) of the kernel's threadIdx.x, .y, .z, in the order of a thread's linear
-    index in its block (x fastest), each axis it launches."""
-    threads = {}
-    _walk(func.body, tirx.AttrStmt, lambda a: threads.setdefault(a.node.thread_tag, (a.node.var, a.value))
-          if a.attr_key == "thread_extent" and a.node.thread_tag.startswith("threadIdx") else None)
-    return [threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in threads]
 
 
 def _block_fold(func, acc, amax):
@@ -546,9 +545,11 @@ def _amax_fold(func, _mod, _ctx):
     innermost = []
 
     def wrap(attr):
+        if attr.attr_key != "thread_extent":
+            return attr
         nested = []
         _walk(attr.body, tirx.AttrStmt, lambda a: nested.append(a) if a.attr_key == "thread_extent" else None)
-        if attr.attr_key != "thread_extent" or nested:
+        if nested:
             return attr
         innermost.append(attr)
         start = [tirx.AllocBuffer(acc), tirx.BufferStore(acc, tirx.const(0.0, "float32"), [0])]
