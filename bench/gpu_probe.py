@@ -29,6 +29,7 @@ without row guards (+fc), beyond the space's 16. Writes probe.json.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import pathlib
@@ -42,6 +43,7 @@ from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, 
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, record_kernel, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
+from tvmnorm._tvm import STREAM_LOADS
 from tvmnorm.sched.rows import warp_sums_problem
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants
 from tvmnorm.shapes import train_rows
@@ -99,9 +101,21 @@ def points(key: NormKey, variants: bool = True) -> dict:
     return out
 
 
+def with_stream(record: dict, mode: int) -> dict:
+    """``record`` with its forward's STREAM decision (the categorical that its trace's
+    STREAM_LOADS annotation takes) made ``mode``: the record's schedule with that cache hint."""
+    record = copy.deepcopy(record)
+    insts, decisions = record["parts"]["fwd"]
+    (var,) = {inst[1][1] for inst in insts if inst[0] == "Annotate" and inst[2] == [STREAM_LOADS]}
+    (i,) = [i for i, inst in enumerate(insts) if inst[0] == "SampleCategorical" and inst[3] == [var]]
+    insts[i][2] = [[0, mode], [0.5, 0.5]]
+    record["parts"]["fwd"][1] = [[j, 1 if j == i else d] for j, d in decisions]
+    return record
+
+
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
             hints: bool = False, library_only: bool = False, sweep: list | None = None,
-            fold_ab: bool = False) -> dict:
+            fold_ab: bool = False, stream_ab: list | None = None) -> dict:
     """Each point's time and error on one fresh input. fp8 points are whole calls (the amax
     kernels after the forward, or amax_zero before one that folds amax in); the library's fwd
     kernel is also timed alone, so the rest of its call shows, and with ``fold_ab`` the
@@ -184,6 +198,25 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
         else:
             r["points"]["library-fwd-kernel-only"] = run(
                 lambda: fwd(x, gamma, *beta, scale, y, *stats, amax_row, eps), whole=False)
+    if stream_ab:
+        # the committed record (or, where the default won, the default rule's point) with each
+        # STREAM_LOADS mode, timed twice in turn (ABAB)
+        record = load_records("cuda").get(key.pack())
+        kernels = {}
+        traced = record and "fwd" in record.get("parts", {})
+        if traced and not any(i[0] == "Annotate" and i[2] == [STREAM_LOADS] for i in record["parts"]["fwd"][0]):
+            print(f"{key.name}: its record has no stream decision (tuned before the knob)")
+            stream_ab = ()
+        for mode in stream_ab:
+            name = f"stream{mode}"
+            if traced:
+                kernels["record+" + name] = record_kernel(key, "cuda", with_stream(record, mode), origin=name)
+            else:
+                cfg = dataclasses.replace(fwd_cuda_heuristic(key.hidden_size, 2), stream=mode)
+                kernels["default+" + name] = variant_kernel(key, "cuda", cfg, row_bits=32)
+        for rep in ("", "#2"):
+            for name, k in kernels.items():
+                r["points"][name + rep] = run(whole_call(k))
     if key.fp8_out and fold_ab:
         # the record's kernels folding amax and not, whatever compute.norms.folds_amax says,
         # timed twice in turn (ABAB)
@@ -210,6 +243,8 @@ def main():
                     help="only the library's call (fp8: also its forward alone)")
     ap.add_argument("--fold-ab", action="store_true",
                     help="fp8: also the committed record's kernels with amax folded into the forward and not")
+    ap.add_argument("--stream-ab", default="", help="also the committed record with each of these "
+                    "CudaRowConfig.stream modes, e.g. 0,3,4 (ABAB)")
     ap.add_argument("--int32", action="store_true",
                     help="also the default rule's kernel with an int32 row count (tuning's index width)")
     ap.add_argument("--hints", action="store_true",
@@ -229,7 +264,7 @@ def main():
             r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
                         variants=not args.no_variants, int32=args.int32, hints=args.hints,
                         library_only=args.library_only, sweep=[int(v) for v in args.rows.split(",") if v],
-                        fold_ab=args.fold_ab)
+                        fold_ab=args.fold_ab, stream_ab=[int(v) for v in args.stream_ab.split(",") if v])
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")

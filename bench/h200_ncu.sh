@@ -9,7 +9,9 @@
 #       "layernorm_bwd 1024 tvmnorm_tuned dx_kernel" "rmsnorm_fwd 7168 torch_compile triton" ...
 #
 # Each case: op hidden impl kernel-regex [launches to skip]. GPUS=2 runs two queues, FIRST_GPU=1
-# starts them at GPU 1. Writes $OUT/ncu/<op>-<hidden>-<impl>.txt.
+# starts them at GPU 1. NCU_SET=full collects ncu's full set instead (source counters: the
+# stall samples by SASS instruction, kept as the report <name>.ncu-rep and its source page, SASS
+# with each instruction's samples, as <name>-sass.csv). Writes $OUT/ncu/<op>-<hidden>-<impl>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -18,14 +20,21 @@ NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null |
 [ -n "$NCU" ] || { echo "!! no ncu here"; exit 1; }
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats
   --section SchedulerStats --section LaunchStats"
+[ -n "${NCU_SET:-}" ] && SECTIONS="--set $NCU_SET --import-source no --print-details all"
 STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 profile() {  # gpu op hidden impl regex [skip]
   local gpu=$1 op=$2 h=$3 impl=$4 re=$5 skip=${6:-2}
-  local f="$OUT/ncu/$op-$h-$impl.txt"
+  local f="$OUT/ncu/$op-$h-$impl.txt" rep=()
+  [ -n "${NCU_SET:-}" ] && rep=(-o "$OUT/ncu/$op-$h-$impl" -f)
   CUDA_VISIBLE_DEVICES=$gpu timeout 240 "$NCU" --clock-control none --target-processes all -k "regex:$re" \
-    --launch-skip "$skip" --launch-count 1 $SECTIONS --metrics "$STALLS" \
+    --launch-skip "$skip" --launch-count 1 $SECTIONS --metrics "$STALLS" "${rep[@]}" \
     python bench/profile_case.py --op "$op" --hidden "$h" --impl "$impl" > "$f" 2>&1 \
     || echo "!! $op $h $impl: rc $?" >> "$f"
+  if [ -n "${NCU_SET:-}" ]; then
+    "$NCU" -i "$OUT/ncu/$op-$h-$impl.ncu-rep" --print-details all >> "$f" 2>&1
+    "$NCU" -i "$OUT/ncu/$op-$h-$impl.ncu-rep" --page source --print-source sass --csv \
+      > "$OUT/ncu/$op-$h-$impl-sass.csv" 2>&1
+  fi
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size" "$f" \
     | sed "s|^|$op $h $impl: |"
 }

@@ -62,7 +62,7 @@ if [ -f "$STATE/lib/manifest.json" ]; then
   if [ -n "${BENCH:-}" ]; then
     TVMNORM_LIBRARY="$STATE/lib" timeout "${BENCH_SECONDS:-300}" python -m tvmnorm.bench --target cuda \
       --ops "${BENCH_OPS:-rmsnorm_fwd,rmsnorm_bwd,layernorm_fwd,layernorm_bwd}" --dtypes "${DTYPES:-bf16}" \
-      --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} --rows train --impls tvmnorm_tuned,tvmnorm_default,torch_eager,liger \
+      --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} --rows train --impls "${BENCH_IMPLS:-tvmnorm_tuned,tvmnorm_default,torch_eager,liger}" \
       --out "$OUT" --name h200-tuned --no-plots
     # the records that go into schedules/: float64-checked, and no slower than the default in
     # the library (tuning timed a static-row candidate; the library runs the symbolic-row kernel)

@@ -9,12 +9,20 @@ ncu's --launch-skip picks a kernel of a later call. With ``--kernels`` it needs 
 profiler: torch.profiler watches the later calls and each kernel's mean GPU time and count per
 call are printed, with the call's time between CUDA events, so a slow call shows which launch
 costs it (several hidden sizes and implementations in one process:
-``--hidden 2048,7168 --impl tvmnorm_tuned,torch_eager --rows 256 --kernels``).
+``--hidden 2048,7168 --impl tvmnorm_tuned,torch_eager --rows 256 --kernels``). With
+``--launches DIR`` each kernel's launch shape is printed too (grid, block, registers, shared
+memory: torch.profiler's trace) and all of them written to DIR/launches.json, to set a peer's
+beside ours; with TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR set to fresh folders, those then hold
+the peers' Triton source, PTX and cubin (the twenty-fourth lease read torch.compile's forward so:
+bench/results/h200-run24/).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pathlib
+import tempfile
 import types
 
 import torch
@@ -42,35 +50,78 @@ def kernel_table(call, calls: int) -> list:
     return sorted(rows, key=lambda r: -r[1] * r[2]), wall
 
 
+LAUNCH_FIELDS = ("grid", "block", "registers per thread", "shared memory", "est. achieved occupancy %")
+
+
+def launches(call, calls: int) -> list:
+    """One dict per kernel name over ``calls`` calls: launches per call, mean GPU us and the
+    launch fields of torch.profiler's chrome trace (LAUNCH_FIELDS) of its first launch."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    out = {}
+    for e in events:
+        if e.get("cat") != "kernel":
+            continue
+        k = out.setdefault(e["name"], {"name": e["name"], "count": 0, "us": 0.0,
+                                       **{f: e.get("args", {}).get(f) for f in LAUNCH_FIELDS}})
+        k["count"] += 1
+        k["us"] += e.get("dur", 0.0)
+    for k in out.values():
+        k["us"] /= k["count"]
+        k["count"] /= calls
+    return sorted(out.values(), key=lambda k: -k["us"] * k["count"])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--op", required=True, help="a tvmnorm.bench op, e.g. rmsnorm_bwd")
+    ap.add_argument("--op", required=True, help="a tvmnorm.bench op, e.g. rmsnorm_bwd, or several: a,b")
     ap.add_argument("--hidden", required=True, help="a hidden size, or several: 2048,7168")
     ap.add_argument("--impl", default="tvmnorm_tuned", help=f"one of {', '.join(IMPLS)}, or several: a,b")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rows", default="train", help="train, or a token count")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--kernels", action="store_true", help="print each call's kernels and their GPU time")
+    ap.add_argument("--launches", metavar="DIR", help="print each kernel's launch shape, write DIR/launches.json")
     args = ap.parse_args()
     unknown = set(args.impl.split(",")) - set(IMPLS)
     if unknown:
         ap.error(f"unknown --impl {', '.join(sorted(unknown))}: one of {', '.join(IMPLS)}")
     ctx = Context("cuda", os.environ.get("TVMNORM_LIBRARY"))
-    for hidden in args.hidden.split(","):
-        (case,) = make_cases(types.SimpleNamespace(ops=args.op, dtypes=args.dtype, hidden=hidden,
+    found = []
+    for op, hidden in ((op, hidden) for op in args.op.split(",") for hidden in args.hidden.split(",")):
+        (case,) = make_cases(types.SimpleNamespace(ops=op, dtypes=args.dtype, hidden=hidden,
                                                    shapes=None, rows=args.rows, fp8_format="fp8e4m3"))
         s = make_set(case, "cuda", torch.Generator(device="cuda").manual_seed(0))
         for impl in args.impl.split(","):
-            call = IMPLS[impl](ctx, case, [s]).calls[0]
-            for _ in range(1 + args.calls):
-                call()
-            torch.cuda.synchronize()
+            try:
+                call = IMPLS[impl](ctx, case, [s]).calls[0]
+                for _ in range(1 + args.calls):
+                    call()
+                torch.cuda.synchronize()
+            except Exception as e:  # a peer missing here must not cost the other cases
+                print(f"{case.op} {case.dtype} H={case.hidden} M={case.rows} {impl}: {type(e).__name__}: {e}")
+                continue
             print(f"{case.op} {case.dtype} H={case.hidden} M={case.rows} {impl}: {1 + args.calls} calls")
             if args.kernels:
                 table, wall = kernel_table(call, max(args.calls, 20))
                 print(f"  call {wall:7.1f} us between events; kernels per call:")
                 for name, count, us in table:
                     print(f"  {us:7.1f} us x {count:4.1f}  {name[:110]}")
+            if args.launches:
+                for k in launches(call, max(args.calls, 5)):
+                    found.append({"op": case.op, "hidden": case.hidden, "rows": case.rows, "impl": impl, **k})
+                    print(f"  {k['us']:7.1f} us x{k['count']:.0f} grid {k['grid']} block {k['block']} "
+                          f"regs {k['registers per thread']} smem {k['shared memory']} "
+                          f"occ {k['est. achieved occupancy %']}  {k['name'][:90]}")
+    if args.launches:
+        pathlib.Path(args.launches).mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.launches, "launches.json").write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":

@@ -842,7 +842,8 @@ def test_full_chunk_versions_a_walk_whose_guards_grow_with_its_loops():
 def test_stream_loads_rows_evict_first_and_leaves_the_weights(key, cfg, part, loads, stores):
     """stream (_tvm.STREAM_LOADS): every 8- or 16-byte load of a row (x; the dx's dy and x, and
     bwd_add's dz) becomes ld.global.cs, and with 2 every such store of a row too (st.global.cs);
-    the weights keep plain vector loads (every row reads them), and 0 leaves the code as it was."""
+    with 3 the loads carry an L2 evict_last policy made by createpolicy and the stores stay plain; the weights keep plain vector loads (every
+    row reads them), and 0 leaves the code as it was."""
     from tvmnorm.sched.rows import CudaRowConfig
     base = CudaRowConfig(**cfg)
     plain = kernel(cuda_source(key, row_config=base), part)
@@ -854,6 +855,12 @@ def test_stream_loads_rows_evict_first_and_leaves_the_weights(key, cfg, part, lo
         assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without the hint"
         assert len(re.findall(r"\(gamma_ptr", body)) == len(re.findall(r"\(gamma_ptr", plain)) > 0
         assert "ld.global.cs.v" in src
+    body = kernel(src := cuda_source(key, row_config=dataclasses.replace(base, stream=3)), part)
+    assert body.count("tvm_builtin_ptx_ld_vec_global_L2__cache_hint") == loads
+    assert body.count("tvm_builtin_ptx_createpolicy_fractional_fractional_L2__evict_last_b64") == loads
+    assert "_st_vec_global" not in body and not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body)
+    assert len(re.findall(r"\(gamma_ptr", body)) == len(re.findall(r"\(gamma_ptr", plain)) > 0
+    assert "createpolicy.fractional.L2::evict_last.b64" in src and "ld.global.L2::cache_hint.v" in src
 
 
 @pytest.mark.parametrize("hidden", [1, 4095, 65536])
@@ -879,3 +886,29 @@ def test_full_chunks_and_stream_build_at_every_width(key, hidden):
         src = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=bits, parts=[part]), "cuda").mod.imports[0].inspect_source()
         assert f"_{part}_kernel" in src
         assert ("ld.global.cs" in src) == (hidden % 4 == 0 and hidden >= 4)
+
+
+def test_probe_swaps_a_records_stream_decision():
+    """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
+    each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
+    L2 evict_last policy); the rest of the kernel is the record's."""
+    import importlib.util
+    import pathlib
+    from tvmnorm.tune import load_records
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_probe.py"
+    spec = importlib.util.spec_from_file_location("gpu_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    key = NormKey(hidden_size=8192)
+    record = load_records("cuda")[key.pack()]
+    bodies = {}
+    for mode in (0, 1, 3):
+        funcs = scheduled_funcs(key, "cuda", probe.with_stream(record, mode), parts=["fwd"])
+        bodies[mode] = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "fwd")
+    assert "ptx_" not in bodies[0]
+    assert "ld_vec_global_cs" in bodies[1] and "cache_hint" not in bodies[1]
+    assert "ld_vec_global_L2__cache_hint" in bodies[3] and "global_cs" not in bodies[3]
+    strip = re.compile(r"tvm_builtin_ptx_\w+\([^;]*\);|alignas\(64\) uint64_t row_policy\w*\[1\];|"
+                       r"\*\(\w+\*\)\(x_local_ptr[^;]*;")
+    assert len({re.sub(r"\s+", "", strip.sub("", b)) for b in bodies.values()}) == 1
+    assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"

@@ -423,11 +423,16 @@ def test_cuda_fwd_early_weights(norm, dtype, otype, hidden, cfg, rows, rng, seed
     ("layernorm", "fwd", "fp32", "fp32", 1000, dict(threads=32, rows=4, vec=4, full_chunks=1, stream=2)),
     ("layernorm", "bwd", "bf16", "bf16", 8192, dict(threads=512, vec=4, prefetch=2, full_chunks=1, stream=2)),
     ("rmsnorm", "bwd_add", "bf16", "bf16", 1024, dict(threads=128, vec=8, prefetch=1, stages=2, stream=1)),
-    ("rmsnorm", "bwd", "fp16", "fp16", 4095, dict(threads=1024, vec=1, stream=2))])
+    ("rmsnorm", "bwd", "fp16", "fp16", 4095, dict(threads=1024, vec=1, stream=2)),
+    ("rmsnorm", "fwd", "bf16", "bf16", 7168, dict(threads=256, vec=8, keep_row=True, stream=3)),
+    ("layernorm", "fwd", "bf16", "bf16", 128, dict(threads=16, rows=8, vec=8, keep_row=True, full_chunks=1, stream=3)),
+    ("layernorm", "fwd", "bf16", "fp8e4m3", 1024, dict(threads=64, rows=4, vec=8, keep_row=True, keep_y=True, stream=3)),
+    ("rmsnorm", "bwd", "bf16", "bf16", 4096, dict(threads=256, vec=8, prefetch=2, stream=3))])
 def test_cuda_streaming_rows(norm, stage, dtype, otype, hidden, cfg, rows, rng, seed):
-    """Rows loaded evict-first (stream 1: ld.global.cs) and also stored so (2: st.global.cs):
-    right against float64 with one row, odd counts, the fp8 forward, a pipelined and a
-    whole-chunk dx, bwd_add and a width of scalar accesses (4095: nothing to hint)."""
+    """Rows loaded evict-first (stream 1: ld.global.cs) and also stored so (2: st.global.cs), or
+    with an L2 evict_last policy (3): right against float64 with
+    one row, odd counts, the fp8 forward, a pipelined and a whole-chunk dx, bwd_add and a width
+    of scalar accesses (4095: nothing to hint)."""
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
     kernel = variant_kernel(key, "cuda", CudaRowConfig(**cfg))

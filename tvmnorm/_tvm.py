@@ -248,7 +248,13 @@ def _without(loop, key, body=None):
 # kernels' SASS at rmsnorm 7168/8192. The weights keep the default policy: every row reads them
 # again. TVM's schedules have no cache policy; its PTX builder (T.ptx) writes the instruction,
 # on the 8- and 16-byte register vectors of the row.
+# 3 keeps the rows in L2 instead: loads with an L2::evict_last policy (createpolicy), as
+# torch.compile's forward loads x first at rmsnorm 4096-8192 (with L1::evict_last too, which
+# made no difference to ours: 24th lease). On the H200 it took the rmsnorm 8192 forward record
+# from 133.3 to 129.7 us and its 7168 one from 118.8 to 130.8: the tuner decides.
 STREAM_LOADS = "tvmnorm.stream_loads"
+STREAM_MODES = {0: "no hint", 1: "rows loaded evict-first (ld.global.cs)",
+                2: "rows loaded and stored evict-first", 3: "rows loaded with an L2 evict_last policy"}
 
 
 def _ptx_words(buf, first, count: int, elem_bytes: int):
@@ -271,10 +277,10 @@ def _unit_ramp(indices):
     return None
 
 
-def _stream_store(store, row_buffers, stores: bool):
-    """``store`` as a streaming PTX load (a row's 8 or 16 bytes from global memory into
-    registers) or, with ``stores``, a streaming PTX store (the other way), or ``store`` itself
-    where it is neither."""
+def _stream_store(store, row_buffers, mode: int):
+    """``store`` as a PTX load with STREAM_LOADS ``mode``'s cache hint (a row's 8 or 16 bytes
+    from global memory into registers) or, in mode 2, a streaming PTX store (the other way), or
+    ``store`` itself where it is neither."""
     from tvm.backend.cuda.ptx.engine import PTXNamespace
     value = store.value
     if not isinstance(value, _LOAD) or getattr(store, "predicate", None) is not None \
@@ -283,7 +289,7 @@ def _stream_store(store, row_buffers, stores: bool):
     load = value.source.scope() == "global"
     glob, local = (value.source, store.buffer) if load else (store.buffer, value.source)
     g_idx, l_idx = (_unit_ramp(value.indices), _unit_ramp(store.indices))[::1 if load else -1]
-    if g_idx is None or l_idx is None or (not load and not stores) or glob.scope() != "global" \
+    if g_idx is None or l_idx is None or (not load and mode != 2) or glob.scope() != "global" \
             or local.scope() != "local" or not any(glob.same_as(b) for b in row_buffers):
         return store
     elem = tvm.DataType(str(glob.dtype)).bits // 8
@@ -293,9 +299,20 @@ def _stream_store(store, row_buffers, stores: bool):
     view, words = _ptx_words(local, l_idx.base, size // 4, elem)
     addr = tirx.address_of(tirx.BufferLoad(glob, [g_idx.base]))
     ptx = PTXNamespace()
-    call = (ptx[f"ld.global.cs.v{size // 4}.u32"](*words, addr) if load
-            else ptx[f"st.global.cs.v{size // 4}.u32"](addr, *words))
-    return tirx.SeqStmt([tirx.DeclBuffer(view, data=local.data), tirx.Evaluate(call)])
+    vec = f"v{size // 4}.u32"
+    if not load:
+        return tirx.SeqStmt([tirx.DeclBuffer(view, data=local.data),
+                             tirx.Evaluate(ptx[f"st.global.cs.{vec}"](addr, *words))])
+    if mode in (1, 2):
+        return tirx.SeqStmt([tirx.DeclBuffer(view, data=local.data),
+                             tirx.Evaluate(ptx[f"ld.global.cs.{vec}"](*words, addr))])
+    # a policy register a load, as Triton writes it: ptxas makes one of them
+    policy = tirx.decl_buffer((1,), "uint64", name="row_policy", scope="local")
+    return tirx.SeqStmt([
+        tirx.AllocBuffer(policy),
+        tirx.Evaluate(ptx["createpolicy.fractional.L2::evict_last.b64"](tirx.BufferLoad(policy, [0]))),
+        tirx.DeclBuffer(view, data=local.data),
+        tirx.Evaluate(ptx[f"ld.global.L2::cache_hint.{vec}"](*words, addr, tirx.BufferLoad(policy, [0])))])
 
 
 def _uses(expr, variables) -> bool:
@@ -324,7 +341,7 @@ def _stream_loads(func, _mod, _ctx):
     # a row operand's extent depends on the row count; a weight's does not
     rows = [b for b in accessed if b.scope() == "global" and any(_uses(d, free) for d in b.shape)]
     return func.with_body(tvm_ffi.structural_map(body, [(tirx.BufferStore,
-                                                         lambda st: _stream_store(st, rows, mode > 1))]))
+                                                         lambda st: _stream_store(st, rows, mode))]))
 
 
 def _full_chunk(loop, row_counts, threads=()):

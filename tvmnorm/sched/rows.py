@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import FULL_CHUNK, MIN_BLOCKS_PER_SM, STREAM_LOADS, UNROLL_BY, Schedule, tirx
+from .._tvm import FULL_CHUNK, MIN_BLOCKS_PER_SM, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, tirx
 from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
@@ -54,7 +54,8 @@ class CudaRowConfig:
                               # count without row guards, and the forward so computes a block
                               # whose rows all are (_tvm.FULL_CHUNK); the last ones keep them
     stream: int = 0           # 1: rows loaded with ld.global.cs (the L2 evicts them first), 2: rows
-                              # also stored so (_tvm.STREAM_LOADS); the weights keep the default
+                              # also stored so; 3: rows loaded with an L2 evict_last policy
+                              # (_tvm.STREAM_LOADS); the weights keep the default
     warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
                               # sums then added by every thread from shared memory: one barrier
                               # a reduction instead of two (_warp_sums); threads in whole warps
@@ -71,8 +72,8 @@ class CudaRowConfig:
         if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         _check_full_chunks(self.full_chunks)
-        if isinstance(self.stream, int) and self.stream not in (0, 1, 2):
-            raise ValueError(f"stream must be 0 (no hint), 1 (loads) or 2 (loads and stores), got {self.stream}")
+        if isinstance(self.stream, int) and self.stream not in STREAM_MODES:
+            raise ValueError(f"stream must be one of {STREAM_MODES}, got {self.stream}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
         if self.early_weights and not self.keep_row:

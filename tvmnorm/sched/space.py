@@ -176,11 +176,13 @@ def min_blocks_choices(threads: int) -> list:
 # every stage; the copy it adds takes registers (the dx's spills went 64 -> 72 bytes), so the
 # search decides.
 FULL_CHUNKS = (0, 1)
-# Whether the rows are loaded with ld.global.cs (CudaRowConfig.stream, _tvm.STREAM_LOADS), which
-# the L2 evicts first, as torch.compile's forward loads x (its SASS and ours at rmsnorm 7168/8192
-# differ in that alone; ours then 0.96-0.97x of its time on the H200). Stores keep the default
-# policy (torch.compile's do; stream = 2, streaming stores too, is for the probes).
-STREAM = (0, 1)
+# The rows' cache policy (CudaRowConfig.stream, _tvm.STREAM_LOADS): none, loaded with
+# ld.global.cs (the L2 evicts them first; 12 fwd and 8 dx records took it by the 23rd lease), or
+# loaded under an L2 evict_last policy, as torch.compile's forward loads x first at 4096-8192
+# (3: on the H200 rmsnorm 8192's record 133.3 -> 129.7 us, 0.95 -> 0.975 of copy, and 7168's
+# 118.8 -> 130.8, so a knob). Stores keep the default policy (torch.compile's do; stream = 2,
+# streaming stores too, is for the probes).
+STREAM = (0, 1, 3)
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
