@@ -25,7 +25,11 @@ candidates get from NarrowDataType). ``--hints`` adds the default rule's point a
 points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs, as
 torch.compile loads it) and y also stored so (``+stream2``). ``--rows 8,16,32,64`` times instead
 the kept points of rows of at most a warp (16-byte vectors) at those rows per block, with and
-without row guards (+fc), beyond the space's 16. Writes probe.json.
+without row guards (+fc), beyond the space's 16. ``--peer-shape`` adds torch.compile's launch
+shape as points of the space (``torch.compile-shape+streamN``, peer_shape), ``--stream-ab 0,1,3``
+the committed record with each stream mode (with_stream), ``--stats-ab`` the committed record's
+kernels storing the rows' statistics first and last (_tvm.STATS_FIRST), whole calls in turn.
+Writes probe.json.
 """
 from __future__ import annotations
 
@@ -101,6 +105,35 @@ def points(key: NormKey, variants: bool = True) -> dict:
     return out
 
 
+def peer_shape(key: NormKey) -> dict:
+    """name -> CudaRowConfig: torch.compile's forward launch shape as a point of our space
+    (bench/results/h200-run24/launches.log): from 2048 columns a looped reduction, one row of
+    512 threads a block reading x twice (not kept) in 16-byte vectors; below, one warp a row
+    keeping x. Each with no cache hint, evict-first loads (1) and the L2 evict_last policy (3),
+    its first load's policy at 4096-8192, and torch.compile's pair (4: the reread evict_first)."""
+    base = fwd_cuda_heuristic(key.hidden_size, 2)
+    wide = key.hidden_size >= 2048
+    cfg = dataclasses.replace(base, threads=512 if wide else 32, rows=1, vec=8, keep_row=not wide,
+                              keep_y=False, warp_sums=False, early_weights=False)
+    return {f"torch.compile-shape+stream{mode}": dataclasses.replace(cfg, stream=mode) for mode in (0, 1, 3, 4)}
+
+
+def policy_kernels(key: NormKey, policy: str, variants: dict) -> dict:
+    """name -> the committed record's kernels (record_kernel) built with compute.norms'
+    ``policy`` function swapped for each of ``variants`` (a probe's switch: the library keeps
+    the policy as it is); the A/Bs time them twice in turn (ABAB)."""
+    from tvmnorm.compute import norms
+    record = load_records("cuda").get(key.pack())
+    kept, kernels = getattr(norms, policy), {}
+    for name, fn in variants.items():
+        setattr(norms, policy, fn)
+        try:
+            kernels[name] = record_kernel(key, "cuda", record, origin=name)
+        finally:
+            setattr(norms, policy, kept)
+    return kernels
+
+
 def with_stream(record: dict, mode: int) -> dict:
     """``record`` with its forward's STREAM decision (the categorical that its trace's
     STREAM_LOADS annotation takes) made ``mode``: the record's schedule with that cache hint."""
@@ -115,7 +148,8 @@ def with_stream(record: dict, mode: int) -> dict:
 
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,
             hints: bool = False, library_only: bool = False, sweep: list | None = None,
-            fold_ab: bool = False, stream_ab: list | None = None) -> dict:
+            fold_ab: bool = False, stream_ab: list | None = None, peer: bool = False,
+            stats_ab: bool = False) -> dict:
     """Each point's time and error on one fresh input. fp8 points are whole calls (the amax
     kernels after the forward, or amax_zero before one that folds amax in); the library's fwd
     kernel is also timed alone, so the rest of its call shows, and with ``fold_ab`` the
@@ -162,12 +196,20 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     def whole_call(k):
         return lambda: k(x, gamma, *beta, *extra_in, y, *stats, *extra_out, eps=eps)
 
+    def abab(kernels):
+        """Each of ``kernels``' whole calls timed twice in turn (A, B, A, B)."""
+        for rep in ("", "#2"):
+            for name, k in kernels.items():
+                r["points"][name + rep] = run(whole_call(k))
+
     lib = REGISTRY.get(key, "cuda")
     r = {"norm": norm, "otype": key.otype, "hidden": h, "rows": rows, "library": lib.origin,
          "points": {"library": run(whole_call(lib))}}
     todo = [] if library_only else [(name, cfg, 64) for name, cfg in points(key, variants).items()]
     if sweep:  # only the block heights asked for, after the default rule's point
         todo = todo[:1] + [(name, cfg, 64) for name, cfg in rows_sweep(key, sweep).items()]
+    if peer:
+        todo += [(name, cfg, 32) for name, cfg in peer_shape(key).items()]
     if int32 and todo:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
         todo.insert(1, ("default-int32", todo[0][1], 32))
     if hints:  # x loaded evict-first (stream 1) and y also stored so (2): the default rule's point
@@ -214,24 +256,18 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
             else:
                 cfg = dataclasses.replace(fwd_cuda_heuristic(key.hidden_size, 2), stream=mode)
                 kernels["default+" + name] = variant_kernel(key, "cuda", cfg, row_bits=32)
-        for rep in ("", "#2"):
-            for name, k in kernels.items():
-                r["points"][name + rep] = run(whole_call(k))
+        abab(kernels)
+    if stats_ab:
+        # the committed record's kernels storing the rows' statistics first (_tvm.STATS_FIRST)
+        # and last, whatever compute.norms.stores_stats_first says
+        kernels = policy_kernels(key, "stores_stats_first", {"record+stats-first": lambda key, kind: True,
+                                                             "record+stats-last": lambda key, kind: False})
+        abab(kernels)
     if key.fp8_out and fold_ab:
-        # the record's kernels folding amax and not, whatever compute.norms.folds_amax says,
-        # timed twice in turn (ABAB)
-        from tvmnorm.compute import norms
-        record = load_records("cuda").get(key.pack())
-        kernels, policy = {}, norms.folds_amax
-        for name, fold in (("record+fold", True), ("record+amax-kernels", False)):
-            norms.folds_amax = lambda key, kind, fold=fold: key.fp8_out and fold  # noqa: E731
-            try:
-                kernels[name] = record_kernel(key, "cuda", record, origin=name)
-            finally:
-                norms.folds_amax = policy
-        for rep in ("", "#2"):
-            for name, k in kernels.items():
-                r["points"][name + rep] = run(whole_call(k))
+        # the record's kernels folding amax and not, whatever compute.norms.folds_amax says
+        kernels = policy_kernels(key, "folds_amax", {"record+fold": lambda key, kind: key.fp8_out,
+                                                     "record+amax-kernels": lambda key, kind: False})
+        abab(kernels)
     return r
 
 
@@ -243,6 +279,10 @@ def main():
                     help="only the library's call (fp8: also its forward alone)")
     ap.add_argument("--fold-ab", action="store_true",
                     help="fp8: also the committed record's kernels with amax folded into the forward and not")
+    ap.add_argument("--stats-ab", action="store_true",
+                    help="also the committed record's kernels storing the rows' statistics before y and after")
+    ap.add_argument("--peer-shape", action="store_true",
+                    help="also torch.compile's launch shape as points of the space (stream 0, 1, 3, 4)")
     ap.add_argument("--stream-ab", default="", help="also the committed record with each of these "
                     "CudaRowConfig.stream modes, e.g. 0,3,4 (ABAB)")
     ap.add_argument("--int32", action="store_true",
@@ -264,7 +304,8 @@ def main():
             r = measure(NormKey(norm=norm, otype=args.otype, hidden_size=h), ceiling, deadline,
                         variants=not args.no_variants, int32=args.int32, hints=args.hints,
                         library_only=args.library_only, sweep=[int(v) for v in args.rows.split(",") if v],
-                        fold_ab=args.fold_ab, stream_ab=[int(v) for v in args.stream_ab.split(",") if v])
+                        fold_ab=args.fold_ab, stream_ab=[int(v) for v in args.stream_ab.split(",") if v],
+                        peer=args.peer_shape, stats_ab=args.stats_ab)
             out.append(r)
             print(f"{norm:9s} H={h:5d} " + "  ".join(
                 f"{k} {v['us']:.1f}" + (f" ({v['frac']:.3f}, err {v['rel_err']:.0e})" if "frac" in v else "")

@@ -888,6 +888,28 @@ def test_full_chunks_and_stream_build_at_every_width(key, hidden):
         assert ("ld.global.cs" in src) == (hidden % 4 == 0 and hidden >= 4)
 
 
+@pytest.mark.parametrize("key,cfg,want", [
+    (NormKey(hidden_size=7168), dict(threads=512, vec=8), ["last"] * 2 + ["first"] * 2),
+    (NormKey(norm="layernorm", hidden_size=4096), dict(threads=512, vec=8), ["last", "last", "first"]),
+    (NormKey(hidden_size=7168), dict(threads=256, vec=8, keep_row=True), ["last"] * 4),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=1024), dict(threads=128, vec=8, prefetch=1), None)],
+    ids=lambda v: getattr(v, "name", None) or str(v))
+def test_stream_4_reads_a_row_evict_last_until_its_last_read(key, cfg, want):
+    """stream 4 (torch.compile's pair): a row that the kernel reads in several stages (x loaded
+    by each stage: the sum, LayerNorm's variance, y) is loaded under an L2 evict_last policy but
+    in its last stage, which loads it evict_first; a row read once (kept in registers, the dx's
+    rows) takes evict_last, as stream 3."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    part = "fwd" if key.stage == "fwd" else "dx"
+    body = kernel(cuda_source(key, CudaRowConfig(stream=4, **cfg)), part)
+    got = re.findall(r"createpolicy_fractional_fractional_L2__evict_(\w+?)_b64", body)
+    if want is None:
+        assert got and set(got) == {"last"}
+    else:
+        assert got == want
+    assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without a hint"
+
+
 def test_probe_swaps_a_records_stream_decision():
     """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
     each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
@@ -912,3 +934,58 @@ def test_probe_swaps_a_records_stream_decision():
                        r"\*\(\w+\*\)\(x_local_ptr[^;]*;")
     assert len({re.sub(r"\s+", "", strip.sub("", b)) for b in bodies.values()}) == 1
     assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"
+
+
+def _store_order(src: str, part: str = "fwd") -> list:
+    """'y' or 'stat' for each store of the kernel's rows or its per-row statistics, in order."""
+    body = kernel(src, part)
+    events = [(m.start(), "y") for m in re.finditer(r"\(y_ptr \+|y_ptr\[|global_cs_v\d_u32\(\(&\(y_ptr", body)]
+    events += [(m.start(), "stat") for m in re.finditer(r"\b(rsigma|mu)_ptr\[", body)]
+    return [what for _, what in sorted(events)]
+
+
+@pytest.mark.parametrize("key,cfg", [
+    (NormKey(hidden_size=7168), dict(threads=256, vec=8, keep_row=True)),
+    (NormKey(norm="layernorm", hidden_size=128), dict(threads=16, rows=8, vec=8, keep_row=True, full_chunks=1)),
+    (NormKey(norm="layernorm", hidden_size=1024), dict(threads=128, vec=8, keep_row=True, warp_sums=True)),
+    (NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096), dict(threads=512, vec=8, keep_row=True, keep_y=True)),
+    (NormKey(hidden_size=1000), dict(threads=128, rows=2, vec=4, keep_row=False, stream=1)),
+    (NormKey(norm="layernorm", hidden_size=8192), None)],
+    ids=lambda v: getattr(v, "name", None) or str(v))
+def test_stats_first_stores_the_row_statistics_before_y(key, cfg, monkeypatch):
+    """_tvm.STATS_FIRST (compute.norms.stores_stats_first): the per-row statistics (rsigma, and
+    LayerNorm's mu) are stored right after they are computed, before the row's y, where without
+    it they come last; in a whole block's copy and its guarded twin (full_chunks) each copy
+    stores its own first; the kernel's accesses, barriers and shuffles stay as they were."""
+    from tvmnorm.compute import norms
+    from tvmnorm.sched.rows import CudaRowConfig
+    row_config = CudaRowConfig(**cfg) if cfg else None
+    plain = cuda_source(key, row_config)
+    assert _store_order(plain)[-1] == "stat"
+    monkeypatch.setattr(norms, "stores_stats_first", lambda key, kind: True)
+    first = cuda_source(key, row_config)
+    order = _store_order(first)
+    stats = 2 if key.norm == "layernorm" else 1
+    copies = order.count("stat") // stats
+    assert copies in (1, 2) and order[-1] == "y" and order[:stats] == ["stat"] * stats
+    if copies == 2:
+        second = order.index("stat", stats)
+        assert order[second:second + stats] == ["stat"] * stats and order[second - 1] == "y"
+    # the same accesses, barriers and shuffles (TVM's common-subexpression pass names and orders
+    # its temporaries by where their first use now is)
+    for what in ("x_ptr", "gamma_ptr", "beta_ptr", "y_ptr", "rsigma_ptr", "mu_ptr", "__syncthreads", "__shfl"):
+        assert kernel(first, "fwd").count(what) == kernel(plain, "fwd").count(what), what
+
+
+def test_stats_first_on_llvm_against_float64(monkeypatch, rng, seed):
+    """The same pass on llvm's forwards (rmsnorm and LayerNorm, a width of a tail, one row and
+    odd counts): right against float64, as without it."""
+    from conftest import run_and_check
+    from tvmnorm.compute import norms
+    from tvmnorm.runtime import record_kernel
+    monkeypatch.setattr(norms, "stores_stats_first", lambda key, kind: True)
+    for norm in ("rmsnorm", "layernorm"):
+        key = NormKey(norm=norm, itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000)
+        k = record_kernel(key, "llvm", None)
+        for rows in (1, 7, 130):
+            run_and_check(lambda _: k, key, rows, rng, seed)

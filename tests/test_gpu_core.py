@@ -427,10 +427,13 @@ def test_cuda_fwd_early_weights(norm, dtype, otype, hidden, cfg, rows, rng, seed
     ("rmsnorm", "fwd", "bf16", "bf16", 7168, dict(threads=256, vec=8, keep_row=True, stream=3)),
     ("layernorm", "fwd", "bf16", "bf16", 128, dict(threads=16, rows=8, vec=8, keep_row=True, full_chunks=1, stream=3)),
     ("layernorm", "fwd", "bf16", "fp8e4m3", 1024, dict(threads=64, rows=4, vec=8, keep_row=True, keep_y=True, stream=3)),
-    ("rmsnorm", "bwd", "bf16", "bf16", 4096, dict(threads=256, vec=8, prefetch=2, stream=3))])
+    ("rmsnorm", "bwd", "bf16", "bf16", 4096, dict(threads=256, vec=8, prefetch=2, stream=3)),
+    ("rmsnorm", "fwd", "bf16", "bf16", 7168, dict(threads=512, vec=8, stream=4)),
+    ("layernorm", "fwd", "fp16", "fp16", 4095, dict(threads=512, vec=1, stream=4)),
+    ("layernorm", "fwd", "bf16", "bf16", 4096, dict(threads=512, vec=8, stream=4))])
 def test_cuda_streaming_rows(norm, stage, dtype, otype, hidden, cfg, rows, rng, seed):
     """Rows loaded evict-first (stream 1: ld.global.cs) and also stored so (2: st.global.cs), or
-    with an L2 evict_last policy (3): right against float64 with
+    with an L2 evict_last policy (3; 4: the last of several reads of a row evict_first): right against float64 with
     one row, odd counts, the fp8 forward, a pipelined and a whole-chunk dx, bwd_add and a width
     of scalar accesses (4095: nothing to hint)."""
     from tvmnorm.sched.rows import CudaRowConfig
@@ -607,3 +610,20 @@ def test_cuda_library_of_several_translation_units(tmp_path_factory, rows, rng, 
         kernel = reg.get(key, "cuda")
         assert kernel.origin == "library:default", kernel.origin
         run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (1, 33, 4097))
+@pytest.mark.parametrize("norm,otype,hidden", [
+    ("rmsnorm", "bf16", 7168), ("rmsnorm", "bf16", 8192), ("layernorm", "bf16", 128), ("layernorm", "bf16", 1024),
+    ("rmsnorm", "fp8e4m3", 1024), ("layernorm", "fp8e4m3", 8192), ("rmsnorm", "bf16", 1000)])
+def test_cuda_stats_first(norm, otype, hidden, rows, monkeypatch, rng, seed):
+    """The forward storing its rows' statistics before their y (_tvm.STATS_FIRST): the
+    committed record's kernels (the default's where none) right against float64 with one row,
+    odd counts and a block's rows short (full_chunks records), fp8 with its folded amax."""
+    from tvmnorm.compute import norms
+    from tvmnorm.runtime import record_kernel
+    from tvmnorm.tune import load_records
+    monkeypatch.setattr(norms, "stores_stats_first", lambda key, kind: True)
+    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    kernel = record_kernel(key, "cuda", load_records("cuda").get(key.pack()))
+    run_and_check(lambda _: kernel, key, rows, rng, seed)

@@ -240,21 +240,23 @@ def _without(loop, key, body=None):
                     loop.thread_binding, annotations, loop.step, loop.span)
 
 
-# A kernel with a loop annotated STREAM_LOADS = 1 (the schedule marks the loop over a block's
-# rows) loads its rows (the 2-D operands: x, and the backward's dy and dz) with ld.global.cs,
-# which the L2 evicts first, and with 2 also stores its rows so (st.global.cs): every row is
-# read and written once, and torch.compile's forward loads x evict-first (LDG.E.EF.128) where
-# ours went through the read-only path (LDG.E.128.CONSTANT), the one difference of the two
-# kernels' SASS at rmsnorm 7168/8192. The weights keep the default policy: every row reads them
-# again. TVM's schedules have no cache policy; its PTX builder (T.ptx) writes the instruction,
-# on the 8- and 16-byte register vectors of the row.
-# 3 keeps the rows in L2 instead: loads with an L2::evict_last policy (createpolicy), as
-# torch.compile's forward loads x first at rmsnorm 4096-8192 (with L1::evict_last too, which
-# made no difference to ours: 24th lease). On the H200 it took the rmsnorm 8192 forward record
-# from 133.3 to 129.7 us and its 7168 one from 118.8 to 130.8: the tuner decides.
+# A kernel with a loop annotated STREAM_LOADS (the schedule marks the loop over a block's rows)
+# loads its rows (the 2-D operands: x, and the backward's dy and dz) with a cache hint: 1 with
+# ld.global.cs, which the L2 evicts first, and 2 also stores its rows so (st.global.cs); 3 with
+# an L2 evict_last policy (createpolicy, ld.global.L2::cache_hint), which keeps them. The weights
+# keep the default policy: every row reads them again. torch.compile's forward at rmsnorm
+# 4096-8192 reads x twice, first L2 evict_last and then evict-first (LDG.E.EF in its SASS: what
+# 1 came from); its PTX (bench/results/h200-run24/triton/) gave 3, which took rmsnorm 8192's
+# record from 133.3 to 129.7 us on the H200 and its 7168 one from 118.8 to 130.8 (its
+# L1::evict_last made no difference to ours): so the tuner decides. 4 is torch.compile's pair:
+# evict_last, and evict_first for a row's last read where a kernel reads it more than once (a
+# probe's: a kept row is read once, and 4 is 3 there). TVM's schedules have no
+# cache policy; its PTX builder (T.ptx) writes the instruction, on the 8- and 16-byte register
+# vectors of the row.
 STREAM_LOADS = "tvmnorm.stream_loads"
 STREAM_MODES = {0: "no hint", 1: "rows loaded evict-first (ld.global.cs)",
-                2: "rows loaded and stored evict-first", 3: "rows loaded with an L2 evict_last policy"}
+                2: "rows loaded and stored evict-first", 3: "rows loaded with an L2 evict_last policy",
+                4: "rows loaded with an L2 evict_last policy, the last of several reads evict_first"}
 
 
 def _ptx_words(buf, first, count: int, elem_bytes: int):
@@ -277,10 +279,11 @@ def _unit_ramp(indices):
     return None
 
 
-def _stream_store(store, row_buffers, mode: int):
+def _stream_store(store, row_buffers, mode: int, last_read: bool = False):
     """``store`` as a PTX load with STREAM_LOADS ``mode``'s cache hint (a row's 8 or 16 bytes
-    from global memory into registers) or, in mode 2, a streaming PTX store (the other way), or
-    ``store`` itself where it is neither."""
+    from global memory into registers; in mode 4 evict_last, or evict_first for ``last_read``)
+    or, in mode 2, a streaming PTX store (the other way), or ``store`` itself where it is
+    neither."""
     from tvm.backend.cuda.ptx.engine import PTXNamespace
     value = store.value
     if not isinstance(value, _LOAD) or getattr(store, "predicate", None) is not None \
@@ -308,9 +311,10 @@ def _stream_store(store, row_buffers, mode: int):
                              tirx.Evaluate(ptx[f"ld.global.cs.{vec}"](*words, addr))])
     # a policy register a load, as Triton writes it: ptxas makes one of them
     policy = tirx.decl_buffer((1,), "uint64", name="row_policy", scope="local")
+    priority = "evict_first" if last_read else "evict_last"
     return tirx.SeqStmt([
         tirx.AllocBuffer(policy),
-        tirx.Evaluate(ptx["createpolicy.fractional.L2::evict_last.b64"](tirx.BufferLoad(policy, [0]))),
+        tirx.Evaluate(ptx[f"createpolicy.fractional.L2::{priority}.b64"](tirx.BufferLoad(policy, [0]))),
         tirx.DeclBuffer(view, data=local.data),
         tirx.Evaluate(ptx[f"ld.global.L2::cache_hint.{vec}"](*words, addr, tirx.BufferLoad(policy, [0])))])
 
@@ -323,13 +327,17 @@ def _uses(expr, variables) -> bool:
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StreamLoads")
 def _stream_loads(func, _mod, _ctx):
-    """The kernel's row loads (and stores) streaming as the largest STREAM_LOADS of its loops
-    says: all of them, a software pipeline's prologue and epilogue too, which lie outside the
-    annotated walk."""
+    """The kernel's row loads (and stores) with the cache hint that the STREAM_LOADS of its
+    loops names (one mode a kernel, on each loop the schedule marked): all of them, a software
+    pipeline's prologue and epilogue too, which lie outside the annotated walk."""
     marked = _marked(func, STREAM_LOADS)
     if not marked:
         return func
-    mode = max(int(loop.annotations[STREAM_LOADS]) for loop in marked)
+    modes = {int(loop.annotations[STREAM_LOADS]) for loop in marked}
+    if len(modes) != 1 or not modes <= set(STREAM_MODES):
+        raise ValueError(f"{func.attrs.get('global_symbol')}: stream modes {sorted(modes)} in one kernel; "
+                         f"one of {sorted(STREAM_MODES)} expected")
+    (mode,) = modes
     body = tvm_ffi.structural_map(func.body, [(tirx.For, lambda loop: _unit_free(_without(loop, STREAM_LOADS))
                                                if STREAM_LOADS in loop.annotations else loop)])
     if not mode:
@@ -340,8 +348,39 @@ def _stream_loads(func, _mod, _ctx):
           lambda node: accessed.append(node.buffer if isinstance(node, tirx.BufferStore) else node.source))
     # a row operand's extent depends on the row count; a weight's does not
     rows = [b for b in accessed if b.scope() == "global" and any(_uses(d, free) for d in b.shape)]
+    if mode == 4:
+        body = tvm_ffi.structural_map(body, [(tirx.SeqStmt, lambda seq: _last_reads(seq, rows))])
     return func.with_body(tvm_ffi.structural_map(body, [(tirx.BufferStore,
                                                          lambda st: _stream_store(st, rows, mode))]))
+
+
+def _row_loads(stmt, rows) -> set:
+    """The names of the row buffers ``stmt`` loads into registers."""
+    names = set()
+    _walk(stmt, tirx.BufferStore, lambda st: names.add(st.value.source.name) if isinstance(st.value, _LOAD)
+          and any(st.value.source.same_as(b) for b in rows) else None)
+    return names
+
+
+def _last_reads(seq, rows):
+    """STREAM_LOADS 4 on the stages of a row (``seq``'s statements): a row read by several of
+    them is loaded evict_first by the last and evict_last by the others (torch.compile's forward
+    at 4096-8192 reads x so, twice); the rest of the loads are left to the caller."""
+    loads = [_row_loads(child, rows) for child in seq.seq]
+    last = {}
+    for i, names in enumerate(loads):
+        for name in names:
+            last.setdefault(name, []).append(i)
+    final = {name: at[-1] for name, at in last.items() if len(at) > 1}
+    if not final:
+        return seq
+
+    def child(i, stmt):
+        ending = [b for b in rows if final.get(b.name) == i]
+        if not ending:
+            return stmt
+        return tvm_ffi.structural_map(stmt, [(tirx.BufferStore, lambda st: _stream_store(st, ending, 4, True))])
+    return tirx.SeqStmt([child(i, c) for i, c in enumerate(seq.seq)])
 
 
 def _full_chunk(loop, row_counts, threads=()):
@@ -583,12 +622,67 @@ def _amax_fold(func, _mod, _ctx):
     return PrimFunc(params, body, func.ret_type, func.attrs)
 
 
+# A CUDA forward that carries STATS_FIRST (build.scheduled_funcs marks those that
+# compute.norms.stores_stats_first says) stores its per-row statistics (rsigma, LayerNorm's mu:
+# one thread a row) as soon as they are computed instead of after the row's y. In the
+# twenty-fourth lease's Nsight Compute samples of rmsnorm 7168 (bench/results/h200-run24/ncu/),
+# the rsigma store came last, after the y stores, and its warp spent 3.4% of all the kernel's
+# stall samples waiting there (the store's address register reused one that the y stores still
+# read) while the block held its slot on the SM; torch.compile's forward stores no statistics.
+STATS_FIRST = "tvmnorm.stats_first"
+
+
+def _buffer_names(stmt, kind) -> set:
+    names = set()
+    if kind is tirx.BufferStore:
+        _walk(stmt, tirx.BufferStore, lambda node: names.add(node.buffer.name))
+    else:
+        _walk(stmt, _LOAD, lambda node: names.add(node.source.name))
+    return names
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StatsFirst")
+def _stats_first(func, _mod, _ctx):
+    from .compute.norms import ROW_STAT_OPERANDS
+    if STATS_FIRST not in func.attrs:
+        return func
+    found, moved = [], []
+
+    def seq(node):
+        children, before = list(node.seq), len(moved)
+        for i in range(len(children)):
+            written = _buffer_names(children[i], tirx.BufferStore)
+            if not written or not written <= set(ROW_STAT_OPERANDS):
+                continue
+            # right after the last statement before it that writes what it reads (the row's
+            # statistic in its register): nothing in between reads or writes the stored rows
+            reads = _buffer_names(children[i], _LOAD)
+            last = max((j for j in range(i) if _buffer_names(children[j], tirx.BufferStore) & reads), default=None)
+            if last is None:
+                continue
+            found.append(children[i])
+            if last == i - 1:
+                continue
+            between = children[last + 1:i]
+            if any(_buffer_names(c, tirx.BufferStore) & written or _buffer_names(c, _LOAD) & written
+                   for c in between):
+                continue
+            moved.append(children[i])
+            children = children[:last + 1] + [children[i]] + between + children[i + 1:]
+        return tirx.SeqStmt(children) if len(moved) > before else node
+    body = tvm_ffi.structural_map(func.body, [(tirx.SeqStmt, seq)])
+    if not found:
+        raise RuntimeError(f"{func.attrs.get('global_symbol')}: no store of {'/'.join(ROW_STAT_OPERANDS)} after "
+                           "the statistic it stores")
+    return func.with_body(body) if moved else func
+
+
 def _install_unroll_by():
-    """Run _stream_loads, _guard_reduction_stores, _amax_fold, _full_chunks and
+    """Run _stream_loads, _guard_reduction_stores, _amax_fold, _stats_first, _full_chunks and
     _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks the pass
     up on tirx.transform at each build). _stream_loads, _full_chunks and _unroll_annotated change
-    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY; _amax_fold only functions that
-    carry AMAX_FOLD."""
+    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY; _amax_fold and _stats_first
+    only functions that carry AMAX_FOLD or STATS_FIRST."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return
@@ -597,8 +691,8 @@ def _install_unroll_by():
         # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
         # copy its own
         # the guards first: a whole block's copy (_full_chunks) drops them with the others
-        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _amax_fold, _full_chunks,
-                                         _unroll_annotated,
+        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _amax_fold, _stats_first,
+                                         _full_chunks, _unroll_annotated,
                                          tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True

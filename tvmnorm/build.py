@@ -57,10 +57,11 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     keeps only those kernels, named ``<prefix>_<part>`` (default prefix: the key's name).
     ``group_rows`` is the dx kernel's rows per row reduction (compute.norms._group_sums; a probe
     variant, no record has it). A forward that compute.norms.folds_amax carries _tvm.AMAX_FOLD
-    (its amax_row output becomes amax[1]): the tuner's candidates alone keep amax_row."""
+    (its amax_row output becomes amax[1]): the tuner's candidates alone keep amax_row; one that
+    compute.norms.stores_stats_first carries _tvm.STATS_FIRST."""
     from . import compute
-    from ._tvm import AMAX_FOLD, Schedule, Trace
-    from .compute.norms import folds_amax
+    from ._tvm import AMAX_FOLD, STATS_FIRST, Schedule, Trace
+    from .compute.norms import folds_amax, stores_stats_first
     from .sched.default import default_schedule
     from .sched.rows import schedule_rows_cpu, schedule_rows_cuda
     out = {}
@@ -79,16 +80,20 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
             Trace.apply_json_to_schedule(trace, sch)
         else:
             sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
-        out.update(_kernel(sch, func, AMAX_FOLD if part == "fwd" and folds_amax(key, kind) else None))
+        marks = [AMAX_FOLD] if part == "fwd" and folds_amax(key, kind) else []
+        marks += [STATS_FIRST] if part == "fwd" and stores_stats_first(key, kind) else []
+        out.update(_kernel(sch, func, *marks))
     return out
 
 
-def _kernel(sch, func, mark: str | None = None) -> dict:
+def _kernel(sch, func, *marks: str) -> dict:
     """{symbol: the scheduled PrimFunc} of ``func`` (its global symbol) scheduled by ``sch``,
-    with the attribute ``mark`` set (to 1) where given."""
+    with the attributes ``marks`` set (to 1)."""
     symbol = func.attrs["global_symbol"]
     scheduled = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
-    return {symbol: scheduled.with_attr(mark, 1) if mark else scheduled}
+    for mark in marks:
+        scheduled = scheduled.with_attr(mark, 1)
+    return {symbol: scheduled}
 
 
 # On CUDA a key's row kernels (the forward and the backward's dx: the kernels that walk x) come

@@ -162,6 +162,14 @@ def folds_amax(key: NormKey, kind: str) -> bool:
     return key.fp8_out and kind == "cuda"
 
 
+def stores_stats_first(key: NormKey, kind: str) -> bool:
+    """Whether ``key``'s forward on target ``kind`` stores its rows' statistics before their y
+    (_tvm.STATS_FIRST). Off until the H200 says: `bench/gpu_probe.py --stats-ab` builds each
+    committed record both ways (tuning_logs/cuda-sm_90/README.md, the twenty-fourth session's
+    plan)."""
+    return False
+
+
 def parts_of(key: NormKey, kind: str) -> tuple:
     """The kernels of a key on target ``kind``, in call order; a call runs combine only for
     many partials, and amax or amax_one by its row count (runtime.NormKernel)."""
