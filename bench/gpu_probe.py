@@ -134,12 +134,22 @@ def policy_kernels(key: NormKey, policy: str, variants: dict) -> dict:
     return kernels
 
 
+def stream_decision(record: dict | None) -> str | None:
+    """The random variable of ``record``'s forward trace that its STREAM_LOADS annotation takes
+    (the stream knob's decision), or None: no traced forward, or one tuned before the knob."""
+    insts = ((record or {}).get("parts", {}).get("fwd") or [[]])[0]
+    found = {inst[1][1] for inst in insts if inst[0] == "Annotate" and inst[2] == [STREAM_LOADS]}
+    return found.pop() if len(found) == 1 else None
+
+
 def with_stream(record: dict, mode: int) -> dict:
-    """``record`` with its forward's STREAM decision (the categorical that its trace's
-    STREAM_LOADS annotation takes) made ``mode``: the record's schedule with that cache hint."""
+    """``record`` with its forward's STREAM decision (stream_decision) made ``mode``: the
+    record's schedule with that cache hint."""
+    var = stream_decision(record)
+    if var is None:
+        raise ValueError(f"{record.get('key')}: no stream decision in its forward trace")
     record = copy.deepcopy(record)
     insts, decisions = record["parts"]["fwd"]
-    (var,) = {inst[1][1] for inst in insts if inst[0] == "Annotate" and inst[2] == [STREAM_LOADS]}
     (i,) = [i for i, inst in enumerate(insts) if inst[0] == "SampleCategorical" and inst[3] == [var]]
     insts[i][2] = [[0, mode], [0.5, 0.5]]
     record["parts"]["fwd"][1] = [[j, 1 if j == i else d] for j, d in decisions]
@@ -246,7 +256,7 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
         record = load_records("cuda").get(key.pack())
         kernels = {}
         traced = record and "fwd" in record.get("parts", {})
-        if traced and not any(i[0] == "Annotate" and i[2] == [STREAM_LOADS] for i in record["parts"]["fwd"][0]):
+        if traced and stream_decision(record) is None:
             print(f"{key.name}: its record has no stream decision (tuned before the knob)")
             stream_ab = ()
         for mode in stream_ab:

@@ -325,6 +325,16 @@ def _uses(expr, variables) -> bool:
     return bool(found)
 
 
+def _buffer_names(stmt, kind) -> set:
+    """The names of the buffers ``stmt`` stores to (``kind`` tirx.BufferStore) or loads from (_LOAD)."""
+    names = set()
+    if kind is tirx.BufferStore:
+        _walk(stmt, tirx.BufferStore, lambda node: names.add(node.buffer.name))
+    else:
+        _walk(stmt, _LOAD, lambda node: names.add(node.source.name))
+    return names
+
+
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StreamLoads")
 def _stream_loads(func, _mod, _ctx):
     """The kernel's row loads (and stores) with the cache hint that the STREAM_LOADS of its
@@ -354,19 +364,12 @@ def _stream_loads(func, _mod, _ctx):
                                                          lambda st: _stream_store(st, rows, mode))]))
 
 
-def _row_loads(stmt, rows) -> set:
-    """The names of the row buffers ``stmt`` loads into registers."""
-    names = set()
-    _walk(stmt, tirx.BufferStore, lambda st: names.add(st.value.source.name) if isinstance(st.value, _LOAD)
-          and any(st.value.source.same_as(b) for b in rows) else None)
-    return names
-
-
 def _last_reads(seq, rows):
     """STREAM_LOADS 4 on the stages of a row (``seq``'s statements): a row read by several of
     them is loaded evict_first by the last and evict_last by the others (torch.compile's forward
     at 4096-8192 reads x so, twice); the rest of the loads are left to the caller."""
-    loads = [_row_loads(child, rows) for child in seq.seq]
+    row_names = {b.name for b in rows}
+    loads = [_buffer_names(child, _LOAD) & row_names for child in seq.seq]
     last = {}
     for i, names in enumerate(loads):
         for name in names:
@@ -630,15 +633,6 @@ def _amax_fold(func, _mod, _ctx):
 # stall samples waiting there (the store's address register reused one that the y stores still
 # read) while the block held its slot on the SM; torch.compile's forward stores no statistics.
 STATS_FIRST = "tvmnorm.stats_first"
-
-
-def _buffer_names(stmt, kind) -> set:
-    names = set()
-    if kind is tirx.BufferStore:
-        _walk(stmt, tirx.BufferStore, lambda node: names.add(node.buffer.name))
-    else:
-        _walk(stmt, _LOAD, lambda node: names.add(node.source.name))
-    return names
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StatsFirst")
