@@ -6,6 +6,7 @@ import argparse
 import copy
 import csv
 import json
+import pathlib
 
 import pytest
 
@@ -199,7 +200,8 @@ def test_merge_keeps_the_measurements_of_the_committed_records(run_dir, tmp_path
     """merge(records=): each case's rows come from the last run whose library ran the committed
     record of its key (all impls of that run), impls that run lacks from another run, and a
     tuned row of another record is left out; except at a decode-sized forward call, which every
-    library serves with the default's small-call kernel, whatever its record."""
+    library serves with the default's small-call kernel, whatever its record, and (on CUDA only) at
+    a backward call the decode backward serves."""
     from tvmnorm.build import record_fingerprint
     base = json.loads((run_dir / "t.json").read_text())
     case, small = ("rmsnorm_bwd", "bf16", 64, 7), ("rmsnorm_fwd", "bf16", 64, 7)
@@ -239,6 +241,17 @@ def test_merge_keeps_the_measurements_of_the_committed_records(run_dir, tmp_path
     assert n == len({(r["op"], r["dtype"], r["hidden"], r["rows"], r["impl"]) for r in merged["records"]})
     # without records every row of every file stays, each naming its file
     assert len(bench.merge(paths)["records"]) == 4 * len(base["records"]) + 2
+    # the same runs on CUDA (t's target is llvm, where the backward's 7 rows are no decode call):
+    # c's library served the backward's 7 rows with the decode backward too
+    assert base["meta"]["target"] == "llvm"
+    for path in paths[:3]:
+        data = json.loads(pathlib.Path(path).read_text())
+        data["meta"]["target"] = "cuda"
+        pathlib.Path(path).write_text(json.dumps(data))
+    merged = bench.merge(paths[:3], {f"{k:#x}": committed for k in keys.values()})
+    for c in (case, small):
+        got = rows_of(c)
+        assert got["tvmnorm_tuned"]["us"] == 0.5 and got["tvmnorm_tuned"]["run"] == 2, c
 
 
 def test_host_lock_keeps_timing_apart_from_setup(tmp_path):

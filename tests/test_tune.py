@@ -389,6 +389,14 @@ def test_accept_records_drops_what_lost_to_the_default_or_failed_refcheck():
     assert "wrong" in dropped[keys[4096].pack()]
     assert "slower than the default" in dropped[keys[7168].pack()]
     assert dropped[NormKey(hidden_size=512).pack()] == "not benchmarked"
+    # so is a CUDA backward call the decode backward serves (runtime.is_decode_call), not on llvm
+    bwd = NormKey(stage="bwd", hidden_size=4096)
+    calls = {"records": [dict(rec(4096, impl, us), op="rmsnorm_bwd", rows=rows) for rows, impl, us in
+                         ((16384, "tvmnorm_tuned", 100.0), (16384, "tvmnorm_default", 120.0),
+                          (64, "tvmnorm_tuned", 9.0), (64, "tvmnorm_default", 5.0))]}
+    assert bwd.pack() in accept_records({bwd.pack(): {"key": bwd.name}}, calls)[0]
+    calls["meta"] = {"target": "llvm"}
+    assert "slower than the default" in accept_records({bwd.pack(): {"key": bwd.name}}, calls)[1][bwd.pack()]
     # a record the benchmark did not cover stays when it was accepted before, unchanged
     before = {NormKey(hidden_size=512).pack(): {"key": "never benchmarked"}}
     kept, _ = accept_records(records, bench, accepted=before)

@@ -1227,10 +1227,11 @@ def merge(paths, records: dict | None = None) -> dict:
     lacks (torch.compile, which a tune job's benchmark leaves out) from the last other file that
     has them. A case no such file measured keeps its other implementations and no tuned row. A
     decode-sized forward call (runtime.is_small_call) counts from any library with a record of
-    its key: each serves it the default's small-call kernel, whatever the record. A record timed
+    its key, as does a CUDA backward call the decode backward serves (runtime.runs_no_record): a
+    library serves it with kernels no record schedules, whatever the record. A record timed
     in rounds counts at its fastest round (_fastest_of_rounds), as run_case records it now."""
     from .build import record_fingerprint
-    from .runtime import is_small_call
+    from .runtime import runs_no_record
     parts = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     if not parts:
         raise SystemExit("--merge needs at least one file")
@@ -1252,7 +1253,8 @@ def merge(paths, records: dict | None = None) -> dict:
         key = record_key(r, q["meta"].get("fp8_format"))
         packed = key.pack()
         ran = ((q["meta"].get("library") or {}).get("records") or {})
-        return str(packed) not in ran or ran[str(packed)] == wanted.get(packed) or is_small_call(key, r["rows"])
+        return (str(packed) not in ran or ran[str(packed)] == wanted.get(packed)
+                or runs_no_record(key, r["rows"], q["meta"].get("target", "cuda")))
     cases = {}
     for r in rows:
         cases.setdefault((r["op"], r["dtype"], r["hidden"], r["rows"]), []).append(r)

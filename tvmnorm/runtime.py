@@ -168,6 +168,21 @@ def decode_bwd_rows(hidden: int) -> int:
     return DECODE_BWD_NARROW_ROWS if hidden <= DECODE_BWD_NARROW_HIDDEN else DECODE_BWD_ROWS
 
 
+def is_decode_call(key: NormKey, rows: int) -> bool:
+    """Whether a CUDA library serves a backward call of ``rows`` rows of ``key`` with the decode
+    backward (decode_bwd_rows; calls that need int64 offsets keep the chunked one)."""
+    h = key.hidden_size
+    return key.stage in ("bwd", "bwd_add") and 0 < rows <= decode_bwd_rows(h) and fits_int32(rows, h)
+
+
+def runs_no_record(key: NormKey, rows: int, kind: str) -> bool:
+    """Whether a library of ``kind`` serves a call of ``rows`` rows of ``key`` with kernels no
+    record schedules, whatever record it holds: the forward's small-call kernel (is_small_call)
+    or a CUDA backward's decode backward (is_decode_call). Such a call's time says nothing of
+    the key's record, so benchmarks of libraries with another record of it count for it."""
+    return is_small_call(key, rows) or (kind == "cuda" and is_decode_call(key, rows))
+
+
 def own_t_rows(t: int, hidden: int, tuned: bool = True) -> int:
     """The fewest rows of a backward call whose dx runs at the key's own ``t`` (FULL_GRID_CHUNKS
     chunks of it; for a default kernel, DEFAULT_OWN_T_ELEMENTS elements too)."""
@@ -247,8 +262,7 @@ class NormKernel:
 
     def decodes(self, rows: int) -> bool:
         """Whether a backward call of ``rows`` rows runs the decode backward (decode_bwd_rows)."""
-        h = self.key.hidden_size
-        return bool(self._decode) and 0 < rows <= decode_bwd_rows(h) and fits_int32(rows, h)
+        return bool(self._decode) and is_decode_call(self.key, rows)
 
     def dx_for(self, rows: int) -> tuple:
         """(T, the dx kernel) a backward call of ``rows`` rows runs: the key's own T, or a shorter

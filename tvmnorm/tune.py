@@ -524,14 +524,15 @@ def tune_main(args, keys) -> None:
 
 def _bench_runs(bench: dict) -> dict:
     """(packed key, rows) -> impl -> record, from a ``tvmnorm bench`` JSON, less the calls a
-    library serves with its small-call kernel (runtime.is_small_call): they say nothing of a
-    tuned forward record."""
+    library serves with kernels no record schedules (runtime.runs_no_record: the forward's
+    small-call kernel, the CUDA decode backward): they say nothing of a tuned record."""
     from .bench import record_key
-    from .runtime import is_small_call
+    from .runtime import runs_no_record
+    kind = bench.get("meta", {}).get("target", "cuda")
     runs = {}
     for r in bench["records"]:
         key = record_key(r, bench.get("meta", {}).get("fp8_format"))
-        if not is_small_call(key, r["rows"]):
+        if not runs_no_record(key, r["rows"], kind):
             runs.setdefault((key.pack(), r["rows"]), {})[r["impl"]] = r
     return runs
 
