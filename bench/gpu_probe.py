@@ -108,12 +108,19 @@ def points(key: NormKey, variants: bool = True) -> dict:
 def peer_shape(key: NormKey) -> dict:
     """name -> CudaRowConfig: torch.compile's forward launch shape as a point of our space
     (bench/results/h200-run24/launches.log): from 2048 columns a looped reduction, one row of
-    512 threads a block reading x twice (not kept) in 16-byte vectors; below, one warp a row
-    keeping x. Each with no cache hint, evict-first loads (1) and the L2 evict_last policy (3),
-    its first load's policy at 4096-8192, and torch.compile's pair (4: the reread evict_first)."""
+    512 threads a block reading x twice (not kept) in 16-byte vectors; below, a persistent
+    reduction keeping x, one warp a block that holds one row at 896-1024 and two at 512, and at
+    hidden 128 two warps holding eight (1024 elements a block: the rows share its threads). Each
+    with no cache hint, evict-first loads (1) and the L2 evict_last policy (3), its first load's
+    policy at 4096-8192, and torch.compile's pair (4: the reread evict_first)."""
     base = fwd_cuda_heuristic(key.hidden_size, 2)
-    wide = key.hidden_size >= 2048
-    cfg = dataclasses.replace(base, threads=512 if wide else 32, rows=1, vec=8, keep_row=not wide,
+    h = key.hidden_size
+    if h >= 2048:
+        threads, rows = 512, 1
+    else:
+        rows = max(1, min(8, 1024 // h))
+        threads = (64 if h <= 128 else 32) // rows
+    cfg = dataclasses.replace(base, threads=threads, rows=rows, vec=8, keep_row=h < 2048,
                               keep_y=False, warp_sums=False, early_weights=False)
     return {f"torch.compile-shape+stream{mode}": dataclasses.replace(cfg, stream=mode) for mode in (0, 1, 3, 4)}
 
