@@ -3,6 +3,7 @@ of a point of the space once the row guards are gone, without a GPU.
 
     python bench/sass_counts.py [--cuobjdump PATH] > counts.txt
     python bench/sass_counts.py --knob chunk_weights     # the dx points with and without another knob
+    python bench/sass_counts.py --records bwd            # registers/spills of the committed records
 
 Each point's kernel (the int32-row copy the library serves, as a tuning candidate compiles) goes
 through nvcc -cubin for sm_90; cuobjdump -sass lists its instructions. A full_chunks kernel holds
@@ -12,7 +13,8 @@ layernorm 8192 record's shape and the default's elsewhere; the forward points ar
 records' shapes. With --knob, the dx points are counted with that CudaRowConfig field off and
 on (their own full_chunks kept), and the load instructions (LDG) apart. No triton or GPU needed
 (cuobjdump ships with the CUDA toolkit; the triton wheel carries one too: `pip download --no-deps
-triton==3.6.0`, then unzip triton/backends/nvidia/bin/cuobjdump from it).
+triton==3.6.0`, then unzip triton/backends/nvidia/bin/ from it: cuobjdump runs the nvdisasm there,
+which must be on PATH). --records needs nvcc alone.
 """
 from __future__ import annotations
 
@@ -52,18 +54,46 @@ def unguarded_only(src: str) -> str:
     return out
 
 
-def count(src: str, part: str, cuobjdump: str, work: pathlib.Path) -> tuple:
-    cu, cubin = work / "k.cu", work / "k.cubin"
+def cubin(src: str, work: pathlib.Path) -> tuple:
+    """(the cubin's path, kernel -> (registers, stack frame, spill stores, spill loads) in bytes as
+    ptxas -v reports them) of CUDA source ``src`` built for sm_90."""
+    cu, out = work / "k.cu", work / "k.cubin"
     cu.write_text(src)
-    ptxas = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o", str(cubin), str(cu)],
+    ptxas = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o", str(out), str(cu)],
                            capture_output=True, text=True, check=True).stderr
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = {}
+    for name, body, regs in re.findall(r"Compiling entry function '(\w+)'(.*?)Used (\d+) registers", ptxas, re.S):
+        frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", body)
+        usage[name] = (int(regs), *(int(v) for v in (frame.groups() if frame else (0, 0, 0))))
+    return out, usage
+
+
+def count(src: str, part: str, cuobjdump: str, work: pathlib.Path) -> tuple:
+    path, usage = cubin(src, work)
+    sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
     body = next(f for f in re.split(r"\n\s+Function : ", sass)[1:] if f.split("\n")[0].endswith(f"_{part}_kernel"))
     ops = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0]
            for i in re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", body)]
-    regs = re.findall(rf"_{part}_kernel[\s\S]*?Used (\d+) registers", ptxas)
-    spills = re.findall(rf"_{part}_kernel[\s\S]*?(\d+) bytes spill stores", ptxas)
-    return len(ops), collections.Counter(ops), regs[0] if regs else "?", spills[0] if spills else "?"
+    regs, _, spills, _ = next(u for name, u in usage.items() if name.endswith(f"_{part}_kernel"))
+    return len(ops), collections.Counter(ops), regs, spills
+
+
+def record_usage(stage: str, work: pathlib.Path) -> None:
+    """Registers and spills of the row kernels (fwd, dx; the int32-row copy a library serves
+    first) of every committed bf16 CUDA record of ``stage``, as its library compiles them."""
+    from tvmnorm.build import key_funcs
+    from tvmnorm.tune import load_records
+    for packed, record in sorted(load_records("cuda").items()):
+        key = NormKey.unpack(packed)
+        if key.stage != stage or key.itype != "bf16" or key.fp8_out:
+            continue
+        _, usage = cubin(compile_funcs(key_funcs(key, "cuda", record), "cuda").mod.imports[0].inspect_source(), work)
+        rows = [(name[len(key.name) + 1:-len("_kernel")], u) for name, u in usage.items()
+                if re.fullmatch(rf"{key.name}_(narrow_)?(fwd|dx)_kernel", name)]
+        t = f" T {record['rows_per_partial']}" if "rows_per_partial" in record else ""
+        print(f"{key.name}{t}: " + "; ".join(f"{part} {regs} registers, {frame} B stack, {stores}/{loads} B spilled "
+                                             f"(stores/loads)" for part, (regs, frame, stores, loads) in sorted(rows)),
+              flush=True)
 
 
 def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
@@ -81,11 +111,15 @@ def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
+    ap.add_argument("--records", default=None, metavar="STAGE", help="registers and spills of the committed bf16 "
+                    "records' row kernels of STAGE (fwd, bwd) instead")
     ap.add_argument("--knob", default=None, help="a boolean CudaRowConfig field of the dx (e.g. chunk_weights) to "
                     "count off and on instead of full_chunks")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         work = pathlib.Path(d)
+        if args.records:
+            return record_usage(args.records, work)
         if args.knob:
             return knob_counts(args.knob, args.cuobjdump, work)
         for key, cfg, part in POINTS:
