@@ -910,17 +910,23 @@ def test_stream_4_reads_a_row_evict_last_until_its_last_read(key, cfg, want):
     assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without a hint"
 
 
-def test_probe_swaps_a_records_stream_decision():
-    """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
-    each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
-    L2 evict_last policy); the rest of the kernel is the record's."""
+def _gpu_probe():
+    """bench/gpu_probe.py as a module (it is a script, not part of the package)."""
     import importlib.util
     import pathlib
-    from tvmnorm.tune import load_records
     path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_probe.py"
     spec = importlib.util.spec_from_file_location("gpu_probe", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def test_probe_swaps_a_records_stream_decision():
+    """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
+    each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
+    L2 evict_last policy); the rest of the kernel is the record's."""
+    from tvmnorm.tune import load_records
+    probe = _gpu_probe()
     key = NormKey(hidden_size=8192)
     record = load_records("cuda")[key.pack()]
     bodies = {}
@@ -934,6 +940,22 @@ def test_probe_swaps_a_records_stream_decision():
                        r"\*\(\w+\*\)\(x_local_ptr[^;]*;")
     assert len({re.sub(r"\s+", "", strip.sub("", b)) for b in bodies.values()}) == 1
     assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"
+
+
+@pytest.mark.parametrize("hidden,block,rows", [(128, 64, 8), (512, 32, 2), (1024, 32, 1), (7168, 512, 1)])
+def test_probe_peer_shape_is_torch_compiles_launch(hidden, block, rows):
+    """bench/gpu_probe.py --peer-shape: torch.compile's forward launch (threads a block, rows a
+    block: bench/results/h200-run24/launches.log) as a point of the space, x kept below 2048
+    columns, each stream mode; every point compiles to a kernel of that block."""
+    probe = _gpu_probe()
+    key = NormKey(hidden_size=hidden)
+    points = probe.peer_shape(key)
+    assert {cfg.stream for cfg in points.values()} == {0, 1, 3, 4}
+    cfg = points["torch.compile-shape+stream0"]
+    assert (cfg.threads * cfg.rows, cfg.rows, cfg.keep_row) == (block, rows, hidden < 2048)
+    src = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=32, parts=["fwd"]),
+                        "cuda").mod.imports[0].inspect_source()
+    assert f"__launch_bounds__({block})" in src
 
 
 def _store_order(src: str, part: str = "fwd") -> list:
