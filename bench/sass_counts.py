@@ -4,6 +4,7 @@ of a point of the space once the row guards are gone, without a GPU.
     python bench/sass_counts.py [--cuobjdump PATH] > counts.txt
     python bench/sass_counts.py --knob chunk_weights     # the dx points with and without another knob
     python bench/sass_counts.py --records bwd            # registers/spills of the committed records
+    python bench/sass_counts.py --variants layernorm:2048  # ... of every fused dx variant of a key
 
 Each point's kernel (the int32-row copy the library serves, as a tuning candidate compiles) goes
 through nvcc -cubin for sm_90; cuobjdump -sass lists its instructions. A full_chunks kernel holds
@@ -14,7 +15,7 @@ records' shapes. With --knob, the dx points are counted with that CudaRowConfig 
 on (their own full_chunks kept), and the load instructions (LDG) apart. No triton or GPU needed
 (cuobjdump ships with the CUDA toolkit; the triton wheel carries one too: `pip download --no-deps
 triton==3.6.0`, then unzip triton/backends/nvidia/bin/ from it: cuobjdump runs the nvdisasm there,
-which must be on PATH). --records needs nvcc alone.
+which must be on PATH). --records and --variants need nvcc alone.
 """
 from __future__ import annotations
 
@@ -96,6 +97,25 @@ def record_usage(stage: str, work: pathlib.Path) -> None:
               flush=True)
 
 
+def variant_usage(spec: str, work: pathlib.Path) -> None:
+    """Registers and spills of every structural variant of the fused dx (sched.space.
+    fused_cuda_variants: the points the space offers, at the default unroll and min_blocks)
+    of the bf16 backward key ``spec`` (NORM:HIDDEN), beside the registers space.fused_registers
+    counts for its sums and rows, which the space's register limit prunes by."""
+    from tvmnorm.sched.space import fused_cuda_variants, fused_registers
+    norm, hidden = spec.split(":")
+    key = NormKey(norm=norm, stage="bwd", hidden_size=int(hidden))
+    for threads, vec, prefetch, stages, weights in fused_cuda_variants(key):
+        cfg = CudaRowConfig(threads=threads, vec=vec, prefetch=prefetch, stages=stages, chunk_weights=weights)
+        per_thread = -(-key.hidden_size // (threads * vec)) * vec
+        model = fused_registers(key.column_sums, per_thread, prefetch, 2, stages, 2 if weights else 0)
+        _, usage = cubin(source(key, cfg, "dx"), work)
+        (regs, _, stores, loads), = [u for name, u in usage.items() if name.endswith("_dx_kernel")]
+        print(f"{key.name} dx {threads}x{vec} prefetch {prefetch} stages {stages} chunk_weights {int(weights)}: "
+              f"{per_thread} elements a thread, fused_registers {model}, ptxas {regs} registers, spilled "
+              f"{stores}/{loads} B", flush=True)
+
+
 def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
     """The dx points with ``knob`` off and on."""
     for key, cfg, part in POINTS:
@@ -113,6 +133,8 @@ def main():
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
     ap.add_argument("--records", default=None, metavar="STAGE", help="registers and spills of the committed bf16 "
                     "records' row kernels of STAGE (fwd, bwd) instead")
+    ap.add_argument("--variants", default=None, metavar="NORM:HIDDEN", help="registers and spills of every fused "
+                    "dx variant of that bf16 backward key instead")
     ap.add_argument("--knob", default=None, help="a boolean CudaRowConfig field of the dx (e.g. chunk_weights) to "
                     "count off and on instead of full_chunks")
     args = ap.parse_args()
@@ -120,6 +142,8 @@ def main():
         work = pathlib.Path(d)
         if args.records:
             return record_usage(args.records, work)
+        if args.variants:
+            return variant_usage(args.variants, work)
         if args.knob:
             return knob_counts(args.knob, args.cuobjdump, work)
         for key, cfg, part in POINTS:

@@ -942,6 +942,36 @@ def test_probe_swaps_a_records_stream_decision():
     assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"
 
 
+def test_sass_counts_reads_registers_and_spills_from_ptxas(tmp_path):
+    """bench/sass_counts.py's cubin(): each kernel's registers, stack frame and spills as ptxas -v
+    reports them (what --records and --variants print): a kernel that must spill says so."""
+    import importlib.util
+    import pathlib
+    import shutil
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc not on PATH")
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "sass_counts.py"
+    spec = importlib.util.spec_from_file_location("sass_counts", path)
+    counts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counts)
+    # 64 live floats a thread under a cap of 32 registers (1024 threads x 2 blocks an SM) spill
+    src = """extern "C" __global__ void __launch_bounds__(1024, 2) spills(float* p) {
+      float v[64];
+      for (int i = 0; i < 64; ++i) v[i] = p[threadIdx.x + i * 1024];
+      float s = 0.f;
+      for (int i = 0; i < 64; ++i) s += v[i] * v[63 - i] + v[(i * 7) % 64];
+      p[threadIdx.x] = s;
+    }
+    extern "C" __global__ void plain(float* p) { p[threadIdx.x] += 1.f; }
+    """
+    _, usage = counts.cubin(src, tmp_path)
+    assert set(usage) == {"spills", "plain"}
+    regs, frame, stores, loads = usage["spills"]
+    assert regs <= 32 and frame > 0 and stores > 0 and loads > 0
+    regs, frame, stores, loads = usage["plain"]
+    assert 0 < regs <= 16 and frame == stores == loads == 0
+
+
 @pytest.mark.parametrize("hidden,block,rows", [(128, 64, 8), (512, 32, 2), (1024, 32, 1), (7168, 512, 1)])
 def test_probe_peer_shape_is_torch_compiles_launch(hidden, block, rows):
     """bench/gpu_probe.py --peer-shape: torch.compile's forward launch (threads a block, rows a
