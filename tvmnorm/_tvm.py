@@ -302,21 +302,18 @@ def _stream_store(store, row_buffers, mode: int, last_read: bool = False):
     view, words = _ptx_words(local, l_idx.base, size // 4, elem)
     addr = tirx.address_of(tirx.BufferLoad(glob, [g_idx.base]))
     ptx = PTXNamespace()
-    vec = f"v{size // 4}.u32"
+    vec, declared = f"v{size // 4}.u32", tirx.DeclBuffer(view, data=local.data)
     if not load:
-        return tirx.SeqStmt([tirx.DeclBuffer(view, data=local.data),
-                             tirx.Evaluate(ptx[f"st.global.cs.{vec}"](addr, *words))])
+        return tirx.SeqStmt([declared, tirx.Evaluate(ptx[f"st.global.cs.{vec}"](addr, *words))])
     if mode in (1, 2):
-        return tirx.SeqStmt([tirx.DeclBuffer(view, data=local.data),
-                             tirx.Evaluate(ptx[f"ld.global.cs.{vec}"](*words, addr))])
+        return tirx.SeqStmt([declared, tirx.Evaluate(ptx[f"ld.global.cs.{vec}"](*words, addr))])
     # a policy register a load, as Triton writes it: ptxas makes one of them
     policy = tirx.decl_buffer((1,), "uint64", name="row_policy", scope="local")
+    held = tirx.BufferLoad(policy, [0])
     priority = "evict_first" if last_read else "evict_last"
-    return tirx.SeqStmt([
-        tirx.AllocBuffer(policy),
-        tirx.Evaluate(ptx[f"createpolicy.fractional.L2::{priority}.b64"](tirx.BufferLoad(policy, [0]))),
-        tirx.DeclBuffer(view, data=local.data),
-        tirx.Evaluate(ptx[f"ld.global.L2::cache_hint.{vec}"](*words, addr, tirx.BufferLoad(policy, [0])))])
+    return tirx.SeqStmt([tirx.AllocBuffer(policy),
+                         tirx.Evaluate(ptx[f"createpolicy.fractional.L2::{priority}.b64"](held)), declared,
+                         tirx.Evaluate(ptx[f"ld.global.L2::cache_hint.{vec}"](*words, addr, held))])
 
 
 def _uses(expr, variables) -> bool:
