@@ -72,6 +72,20 @@ def _isolated_cache(tmp_path_factory):
     assert snapshot() == before, f"tests wrote into the package library directory {PKG_LIB}"
 
 
+@pytest.fixture(scope="session")
+def bench_script():
+    """Loads bench/<name>.py as a module (the bench scripts are not part of the package)."""
+    import importlib.util
+
+    def load(name: str):
+        path = pathlib.Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
+
+
 @pytest.fixture
 def seed(request) -> int:
     return zlib.crc32(request.node.nodeid.encode()) ^ BASE_SEED

@@ -340,17 +340,12 @@ def test_probe_parser_takes_the_probes_shared_arguments(tmp_path):
     assert args.hidden.split(",") == [str(h) for h in hidden_sizes()]
 
 
-def test_readme_targets_count_the_issue_targets():
+def test_readme_targets_count_the_issue_targets(bench_script):
     """bench/readme_tables.py's status counts: per op the served kernel (tuned, else the
     default) against the fastest peer at the training rows (>= 1.0x, and >= 1.3x where that peer
     is below 0.75 of copy), and at decode rows the cells where it is no slower."""
-    import importlib.util
-    import pathlib
     from tvmnorm.shapes import train_rows
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "readme_tables.py"
-    spec = importlib.util.spec_from_file_location("readme_tables", path)
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = bench_script("readme_tables")
 
     def rec(op, hidden, rows, impl, us, frac):
         return dict(op=op, dtype="bf16", hidden=hidden, rows=rows, impl=impl, us=us, frac=frac, status="ok")

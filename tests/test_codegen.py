@@ -910,23 +910,12 @@ def test_stream_4_reads_a_row_evict_last_until_its_last_read(key, cfg, want):
     assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without a hint"
 
 
-def _gpu_probe():
-    """bench/gpu_probe.py as a module (it is a script, not part of the package)."""
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_probe.py"
-    spec = importlib.util.spec_from_file_location("gpu_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
-
-
-def test_probe_swaps_a_records_stream_decision():
+def test_probe_swaps_a_records_stream_decision(bench_script):
     """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
     each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
     L2 evict_last policy); the rest of the kernel is the record's."""
     from tvmnorm.tune import load_records
-    probe = _gpu_probe()
+    probe = bench_script("gpu_probe")
     key = NormKey(hidden_size=8192)
     record = load_records("cuda")[key.pack()]
     bodies = {}
@@ -942,18 +931,13 @@ def test_probe_swaps_a_records_stream_decision():
     assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"
 
 
-def test_sass_counts_reads_registers_and_spills_from_ptxas(tmp_path):
+def test_sass_counts_reads_registers_and_spills_from_ptxas(tmp_path, bench_script):
     """bench/sass_counts.py's cubin(): each kernel's registers, stack frame and spills as ptxas -v
     reports them (what --records and --variants print): a kernel that must spill says so."""
-    import importlib.util
-    import pathlib
     import shutil
     if not shutil.which("nvcc"):
         pytest.skip("nvcc not on PATH")
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "sass_counts.py"
-    spec = importlib.util.spec_from_file_location("sass_counts", path)
-    counts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(counts)
+    counts = bench_script("sass_counts")
     # 64 live floats a thread under a cap of 32 registers (1024 threads x 2 blocks an SM) spill
     src = """extern "C" __global__ void __launch_bounds__(1024, 2) spills(float* p) {
       float v[64];
@@ -973,11 +957,11 @@ def test_sass_counts_reads_registers_and_spills_from_ptxas(tmp_path):
 
 
 @pytest.mark.parametrize("hidden,block,rows", [(128, 64, 8), (512, 32, 2), (1024, 32, 1), (7168, 512, 1)])
-def test_probe_peer_shape_is_torch_compiles_launch(hidden, block, rows):
+def test_probe_peer_shape_is_torch_compiles_launch(hidden, block, rows, bench_script):
     """bench/gpu_probe.py --peer-shape: torch.compile's forward launch (threads a block, rows a
     block: bench/results/h200-run24/launches.log) as a point of the space, x kept below 2048
     columns, each stream mode; every point compiles to a kernel of that block."""
-    probe = _gpu_probe()
+    probe = bench_script("gpu_probe")
     key = NormKey(hidden_size=hidden)
     points = probe.peer_shape(key)
     assert {cfg.stream for cfg in points.values()} == {0, 1, 3, 4}
