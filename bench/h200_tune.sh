@@ -50,6 +50,12 @@ tuned=${PIPESTATUS[0]}
 # the run's own lines (preflight: which CUDA build, keys to tune, recovery) and its last screen
 { grep -E "^(preflight|seeded|tuning|tuned|recovered|stopping|no valid)" "$STATE/tune-full.log"; tail -40 "$STATE/tune-full.log"; } \
   | tee "$OUT/tune.log"
+# TUNE_ONLY=1: a call that only advances a tune a later call of the same lease resumes (the
+# recovery, check and benchmark below would spend its 600 s on a library the next call replaces)
+if [ -n "${TUNE_ONLY:-}" ]; then
+  (cd "$STATE" && tar czf "$OUT/tuning.tgz" schedules tuning_logs 2>/dev/null)
+  exit 0
+fi
 # a tune stopped by TUNE_SECONDS (status 124) wrote no records for its unfinished batch and built
 # no library: take the best candidate of every key with >= MIN_TRIALS measured (the keys stay
 # due for more) and build it, so that the float64 check, the benchmark and `tune accept` run
