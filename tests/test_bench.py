@@ -362,5 +362,12 @@ def test_readme_targets_count_the_issue_targets(bench_script):
     lines = tables.targets(records).splitlines()
     assert lines[0] == ("rmsnorm_bwd: frac 0.60-0.70; >= 1.0x 2 of 3 (behind: 4096 (0.90x torch_compile)); "
                         ">= 1.3x where the peer < 0.75: 1 of 2")
+    # a 1.3x miss is named when 1.3x the peer's frac is more than a copy of the case's own bytes
+    # reaches (no kernel that moves those bytes can meet it): 2048's needs 0.65
+    records[3].update(copy_gbps=4000.0, copy_at_size_gbps=2600.0)  # 0.65: reachable, not named
+    assert tables.targets(records).splitlines()[0] == lines[0]
+    records[3].update(copy_at_size_gbps=2400.0)  # 0.60
+    assert tables.targets(records).splitlines()[0] == lines[0] + (
+        " (missed beyond a copy of their own bytes: 2048 (needs 0.65, copy at size 0.60))")
     assert lines[1] == "rmsnorm_bwd decode: <= best peer 1 of 2 (behind: 1024 x 8 (7.0 vs torch_eager 6.0 us))"
     assert len(lines) == 2
