@@ -58,14 +58,15 @@ def wgrad_variant(key, columns: int, lanes: int, unroll: int):
 
 
 def dx_variant(key, threads: int, prefetch: int, stages: int, bits: int = 64, group: int = 1, min_blocks: int = 1,
-               full_chunks: int = 0, chunk_weights: int = 0):
+               full_chunks: int = 0, chunk_weights: int = 0, staged: int = 0):
     """The key's dx kernel under the default rule's vec and lanes, with ``threads`` per row,
     ``prefetch`` rows loaded per group and ``stages`` groups in flight (sched.rows._cuda_pipeline;
     0: the default's), an int``bits`` row count, ``group`` rows per row reduction
     (compute.norms._group_sums; it is then the prefetch), ``min_blocks`` blocks an SM must
     hold (__launch_bounds__: a register cap), ``full_chunks`` 1 to walk whole chunks without
-    row guards (_tvm.FULL_CHUNK) and ``chunk_weights`` 1 to load gamma once a chunk lane
-    (CudaRowConfig.chunk_weights), compiled on its own."""
+    row guards (_tvm.FULL_CHUNK), ``chunk_weights`` 1 to load gamma once a chunk lane
+    (CudaRowConfig.chunk_weights) and ``staged`` 1 to copy the rows into shared memory by
+    cp.async (CudaRowConfig.staged; one chunk lane a block), compiled on its own."""
     import dataclasses
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.runtime import variant_kernel
@@ -73,7 +74,8 @@ def dx_variant(key, threads: int, prefetch: int, stages: int, bits: int = 64, gr
     cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
     cfg = dataclasses.replace(cfg, threads=threads or cfg.threads, prefetch=prefetch or cfg.prefetch,
                               stages=stages or cfg.stages, min_blocks=min_blocks, full_chunks=full_chunks,
-                              chunk_weights=bool(chunk_weights))
+                              chunk_weights=bool(chunk_weights), staged=bool(staged),
+                              rows=1 if staged else cfg.rows)
     if group > 1:
         cfg = dataclasses.replace(cfg, prefetch=group)
     return variant_kernel(key, "cuda", cfg, row_bits=bits, group_rows=group)._f["dx"], cfg
@@ -142,13 +144,13 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
     if dx_points:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
         want = [dx.float(), part.clone()]
-    for threads, prefetch, n, bits, group, min_blocks, full, weights in dx_points:
-        fdx, cfg = dx_variant(key, threads, prefetch, n, bits, group, min_blocks, full, weights)
+    for threads, prefetch, n, bits, group, min_blocks, full, weights, staged in dx_points:
+        fdx, cfg = dx_variant(key, threads, prefetch, n, bits, group, min_blocks, full, weights, staged)
         got = [torch.full_like(dx, float("nan")), torch.full_like(part, float("nan"))]
         fdx(dy, x, *stats, gamma, *got)
         name = (f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{cfg.prefetch}s{cfg.stages}" + ("i32" if bits == 32 else "")
                 + (f"g{group}" if group > 1 else "") + (f"b{min_blocks}" if min_blocks > 1 else "")
-                + ("+fc" if full else "") + ("+cw" if weights else ""))
+                + ("+fc" if full else "") + ("+cw" if weights else "") + ("+smem" if staged else ""))
         r["dx_points"][name] = {
             "us": probe_us(lambda: fdx(dy, x, *stats, gamma, *got)), "rel_err": rel_err(got, want)}
     return r
@@ -197,12 +199,13 @@ def main():
     ap = probe_parser()
     ap.add_argument("--finalize", default="", help="other finalize splits to time, COLUMNSxLANES[xUNROLL], "
                     "e.g. 8x64,16x32x8 (unroll: sched.default.FINALIZE_UNROLL unless given)")
-    ap.add_argument("--dx", default="", help="the default dx with THREADSxPREFETCHxSTAGES[xBITS[xGROUP[xMINB[xFULL[xCW]]]]] "
+    ap.add_argument("--dx", default="", help="the default dx with THREADSxPREFETCHxSTAGES[xBITS[xGROUP[xMINB[xFULL[xCW[xSMEM]]]]]] "
                     "threads per row, rows per group, groups in flight (0: the default's), row-count bits (64 unless "
                     "given; 32: int32 index math, as tuning candidates get it), rows per row reduction (1 unless "
                     "given), blocks an SM must hold (1 unless given), 1 to walk whole chunks without row guards "
-                    "(0 unless given) and 1 to load gamma once a chunk lane (chunk_weights; 0 unless given), e.g. "
-                    "512x0x0,0x1x2,0x0x0x32,0x0x1x32x2,0x0x0x32x1x2,0x0x0x32x1x1x1,0x0x0x32x1x1x0x1 "
+                    "(0 unless given), 1 to load gamma once a chunk lane (chunk_weights; 0 unless given) and 1 to "
+                    "stage the rows in shared memory by cp.async (staged; needs >= 2 groups in flight), e.g. "
+                    "512x0x0,0x1x2,0x0x0x32,0x0x1x32x2,0x0x0x32x1x2,0x0x0x32x1x1x1,0x0x0x32x1x1x0x1,0x1x3x32x1x1x0x0x1 "
                     "(run with a --no-tuned library: checked against its dx)")
     ap.add_argument("--chunk-rows", default="", help="also the whole call under the default rule at these T, "
                     "e.g. 32,64 (run with a --no-tuned library: checked against its call)")
@@ -214,9 +217,9 @@ def main():
     if args.small_rows:
         return small_main(args)
     variants = splits(args.finalize)
-    # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1), FULL (0) and CW (0) where not given
+    # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1), FULL (0), CW (0) and SMEM (0) where not given
     fields = [[int(v) for v in c.split("x")] for c in args.dx.split(",") if c]
-    dx_points = [tuple(f + [64, 1, 1, 0, 0][len(f) - 3:]) for f in fields]
+    dx_points = [tuple(f + [64, 1, 1, 0, 0, 0][len(f) - 3:]) for f in fields]
     ceiling = copy_roofline("cuda", probe_timer())["copy_gbps"]
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     out = []

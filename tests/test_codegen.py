@@ -1025,3 +1025,53 @@ def test_stats_first_on_llvm_against_float64(monkeypatch, rng, seed):
         k = record_kernel(key, "llvm", None)
         for rows in (1, 7, 130):
             run_and_check(lambda _: k, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("key,cfg", [
+    (NormKey(stage="bwd", hidden_size=2048), dict(threads=256, vec=8, prefetch=1, stages=2)),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=1000), dict(threads=128, vec=8, prefetch=1, stages=3)),
+    (NormKey(norm="layernorm", stage="bwd_add", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1024),
+     dict(threads=128, vec=4, prefetch=2, stages=2, chunk_weights=True))])
+def test_staged_dx_copies_its_rows_into_shared_memory_by_cp_async(key, cfg):
+    """staged (sched.rows._cuda_row_shared): dy and x reach the dx kernel only through cp.async
+    copies into shared buffers of `stages` groups of `prefetch` rows, each group committed and
+    waited for `stages` - 1 groups behind; no stage loads a row from global memory or keeps one
+    in registers. A column tail (1000) keeps its guard on the copy."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    body = kernel(cuda_source(key, row_config=CudaRowConfig(staged=True, **cfg)), "dx")
+    for op in ("dy", "x"):
+        assert re.search(rf"__shared__ alignas\(\d+\) \w+ {op}_shared_ptr\[(\d+)\];", body)[1] == \
+            str(cfg["stages"] * cfg["prefetch"] * key.hidden_size), op
+        assert not re.search(rf"\b{op}_local_ptr", body)
+        reads = [line for line in body.splitlines() if re.search(rf"\b{op}_ptr\b", line)]
+        assert reads and all("ptx_cp_async" in r for r in reads), reads[:2]
+    assert f"wait_group_{cfg['stages'] - 1}()" in body
+    assert "commit_group()" in body
+    if key.hidden_size % (cfg["threads"] * cfg["vec"]):
+        assert re.search(r"\(\(\(int64_t\)threadIdx\.x\) < \(int64_t\)\d+\)\) \{\s*ptx_cp_async", body)
+
+
+@pytest.mark.parametrize("key,cfg,problem", [
+    (NormKey(stage="bwd", hidden_size=2048), dict(threads=256, vec=8, stages=1), "stages >= 2"),
+    (NormKey(stage="bwd", hidden_size=2048), dict(threads=128, rows=2, vec=8, stages=2), "one chunk lane a block"),
+    (NormKey(hidden_size=2048), dict(threads=256, vec=8, stages=2), "a dx schedule"),
+    (NormKey(stage="bwd", hidden_size=8192), dict(threads=1024, vec=8, stages=2), "65536 bytes of shared memory"),
+    (NormKey(stage="bwd", itype="fp16", wtype="fp16", otype="fp16", hidden_size=4095),
+     dict(threads=1024, vec=1, stages=2), "vectors of 4, 8 or 16 bytes")])
+def test_staged_rows_are_refused_where_they_cannot_be_built(key, cfg, problem):
+    """A staged dx needs an asynchronous pipeline, one chunk lane a block, vectors cp.async can
+    copy and its groups within a block's static shared memory; a forward has no groups."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match=problem):
+        scheduled_funcs(key, "cuda", row_config=CudaRowConfig(staged=True, **cfg))
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
+                                 NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096)])
+def test_async_copies_leave_the_other_kernels_as_they_were(key, monkeypatch):
+    """_tvm.PASS_CONFIG turns on use_async_copy for the staged dx; no other kernel has an
+    asynchronous stage, and their CUDA is the same without it."""
+    from tvmnorm import _tvm
+    with_async = cuda_source(key)
+    monkeypatch.setitem(_tvm.PASS_CONFIG, "tirx.use_async_copy", False)
+    assert cuda_source(key) == with_async

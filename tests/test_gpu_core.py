@@ -305,6 +305,22 @@ def test_cuda_pipelined_dx(norm, dtype, hidden, threads, vec, prefetch, stages, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, "T-1", 4097))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,prefetch,stages,weights", [
+    ("layernorm", "bwd", "bf16", 2048, 128, 8, 1, 2, False), ("rmsnorm", "bwd", "bf16", 1024, 64, 8, 1, 4, True),
+    ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 2, 2, False), ("rmsnorm", "bwd", "fp16", 4096, 512, 8, 1, 2, False)])
+def test_cuda_staged_dx(norm, stage, dtype, hidden, threads, vec, prefetch, stages, weights, rows, rng, seed):
+    """The dx whose rows are copied into shared memory by cp.async, `stages` groups in flight
+    (CudaRowConfig.staged; ThreadSync's barriers guard each buffer's refill): right against
+    float64 with one row, a chunk one row short of T and a last chunk of one row, a column tail
+    (1000), gamma held for the chunk, bwd_add."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, vec=vec, prefetch=prefetch, stages=stages, chunk_weights=weights, staged=True)
+    kernel = variant_kernel(key, "cuda", cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", ("T-1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,min_blocks", [
     ("layernorm", "bwd", "bf16", 8192, 512, 8, 2), ("layernorm", "bwd", "bf16", 7168, 896, 8, 2),

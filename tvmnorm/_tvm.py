@@ -94,7 +94,10 @@ def without_tensor_intrinsics():
 # `red_result = rsqrt(red_result)` in place, racing with the threads still reading it (seen on
 # the H200 as wrong rsigma for multi-warp rows). Our kernels allocate a handful of scalars, so
 # nothing is lost by turning the pass off.
-PASS_CONFIG = {"tirx.disable_storage_rewrite": True}
+# use_async_copy: a copy into shared memory in an asynchronous pipeline stage (the staged dx,
+# sched.rows._cuda_row_shared) becomes cp.async; nothing else is marked asynchronous, and every
+# other kernel's CUDA is the same with it
+PASS_CONFIG = {"tirx.disable_storage_rewrite": True, "tirx.use_async_copy": True}
 
 
 # A loop annotated with UNROLL_BY = k is unrolled k times (a rolled loop over k copies of its

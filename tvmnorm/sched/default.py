@@ -10,7 +10,6 @@ import dataclasses
 
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
-from ..key import DTYPE_BYTES, TVM_DTYPE
 from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
 from .space import fused_register_limit, fused_registers
 
@@ -132,8 +131,7 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
 
 
 def _weight_bytes(func) -> int:
-    gamma = next(p for p in func.params if p.name == "gamma")
-    return DTYPE_BYTES[next(k for k, v in TVM_DTYPE.items() if v == str(gamma.dtype))]
+    return next(p for p in func.params if p.name == "gamma").dtype.itemsize
 
 
 def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:

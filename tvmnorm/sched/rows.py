@@ -7,7 +7,8 @@ every stage of a row under that row loop, and splits each stage's hidden loop ov
 
 On CUDA the fused dx kernel's chunk is walked by one block lane (threadIdx.y): its rows are
 loaded ``prefetch`` at a time into registers that every stage reads, and the running sums stay
-in registers (``_cuda_row_registers``, ``_cuda_partials``). A dx compute of grouped row sums
+in registers (``_cuda_row_registers``, ``_cuda_partials``); with ``staged`` its rows are instead
+copied into shared memory by cp.async, several groups ahead (``_cuda_row_shared``). A dx compute of grouped row sums
 (P rows per reduction, ``compute.norms._group_sums``) makes the group of ``prefetch`` = P rows
 the compute's own: one allreduce per group instead of one per row (``_chunk_rows``).
 
@@ -64,6 +65,9 @@ class CudaRowConfig:
     chunk_weights: bool = False  # fused dx only: gamma loaded into registers once a chunk lane,
                               # before its walk over the chunk's rows, instead of by every stage
                               # of every row (_cuda_row_registers)
+    staged: bool = False      # fused dx only, stages >= 2: the rows' dy and x copied into shared
+                              # memory by cp.async, `stages` groups in flight, and every stage
+                              # reads them there (_cuda_row_shared) instead of from registers
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -76,6 +80,12 @@ class CudaRowConfig:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {self.stream}")
         if self.keep_y and not self.keep_row:
             raise ValueError("keep_y needs keep_row: y's registers share the kept row's layout")
+        if self.staged and isinstance(self.stages, int) and self.stages < 2:
+            raise ValueError("staged rows need stages >= 2: the copy into shared memory is asynchronous only "
+                             "when a later group's copy overlaps this group's math")
+        if self.staged and isinstance(self.rows, int) and self.rows > 1:
+            raise ValueError("staged rows need one chunk lane a block (rows=1): the copy into shared memory "
+                             "covers the whole block's rows, and only threadIdx.x is bound over it")
         if self.early_weights and not self.keep_row:
             raise ValueError("early_weights needs keep_row: the weights' registers share the kept row's layout")
         if self.warp_sums and isinstance(self.threads, int) and isinstance(self.rows, int):
@@ -348,12 +358,17 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # per-thread registers, as the kept row's (see _cuda_partials for why the assumption)
         sch.transform_layout(y_stage, ("write", 0), _thread_layout(cfg), assume_injective_transform=True)
     if part is not None:
-        _cuda_row_registers(sch, group, cfg, ROW_OPERANDS, rows=True)
+        if cfg.staged:
+            _cuda_row_shared(sch, group, cfg, ROW_OPERANDS)
+        else:
+            _cuda_row_registers(sch, group, cfg, ROW_OPERANDS, rows=True)
         if cfg.chunk_weights:
             _cuda_row_registers(sch, ty, cfg, ("gamma",), rows=False)
         _cuda_partials(sch, ty, cfg)
         if cfg.stages > 1:
-            _cuda_pipeline(sch, group, cfg.stages)
+            _cuda_pipeline(sch, group, cfg.stages, copies_async=cfg.staged)
+    elif cfg.staged:
+        raise ValueError("staged is a dx schedule: a forward's rows are not walked in groups")
     return sch
 
 
@@ -499,13 +514,10 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
     otherwise each row's sums and its dx stage load it again (L1 hits, but two loads and
     conversions a vector and row, and a wait after each row's barriers)."""
     layout = _thread_layout(cfg, rows=rows)
-    root = sch.get_sblock("root")
     for name in operands:
-        readers = [b for b in sch.get_child_blocks(root)
-                   if any(r.source.name == name for r in sch.get(b).reads)]
+        readers, idx = _row_readers(sch, name)
         if not readers:
             continue  # rmsnorm has no beta
-        idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
         cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
         # no producers: -2 is the top of the row loop, and the later operands go before the earlier
         sch.compute_at(cache, loop, preserve_unit_loops=True, index=-2 if cfg.early_weights else -1)
@@ -522,7 +534,64 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
         sch.transform_layout(cache, ("write", 0), layout, assume_injective_transform=True)
 
 
-def _cuda_pipeline(sch, group, stages: int):
+def _row_readers(sch, name):
+    """The blocks that read operand ``name`` and its position among the first one's reads."""
+    root = sch.get_sblock("root")
+    readers = [b for b in sch.get_child_blocks(root) if any(r.source.name == name for r in sch.get(b).reads)]
+    return readers, [r.source.name for r in sch.get(readers[0]).reads].index(name) if readers else None
+
+
+def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
+    """Fused dx with ``staged``: the group's rows of dy and x are copied into shared memory at
+    the top of ``group`` (each thread copies the vectors of the columns it computes, one 16-byte
+    cp.async each once _cuda_pipeline marks the copy's stage asynchronous), and every stage reads
+    them from there. With the rows in registers (_cuda_row_registers) each group in flight costs
+    a thread prefetch * vectors * vec registers per operand, and the layernorm dx records took
+    186-255 registers with their SMs 14-27 warps deep, stalled on global loads (the twelfth
+    lease's Nsight Compute): here the rows in flight cost shared memory, stages * prefetch rows
+    of both operands per chunk lane (``staged_shared_bytes``), and a thread's registers hold only
+    the row being computed. Each thread reads back only what it copied, but ThreadSync cannot
+    tell: it puts a barrier between the copy's wait and the reads, and another before a buffer
+    is refilled."""
+    rows_buf = next(p for p in sch.mod["main"].params if p.name == operands[0])
+    hidden, elem_bytes = int(rows_buf.shape[-1]), rows_buf.dtype.itemsize
+    if cfg.vec * elem_bytes not in (4, 8, 16):
+        raise ValueError(f"staged rows need vectors of 4, 8 or 16 bytes, what one cp.async copies; got {cfg.vec} "
+                         f"elements of {elem_bytes} bytes")
+    need = staged_shared_bytes(hidden, elem_bytes, cfg.prefetch, cfg.stages)
+    if need > STAGED_SHARED_BYTES:
+        raise ValueError(f"staged rows take {need} bytes of shared memory ({cfg.stages} groups of {cfg.prefetch} rows "
+                         f"of dy and x at hidden {hidden}), more than the {STAGED_SHARED_BYTES} a block may "
+                         "hold statically")
+    for name in operands:
+        readers, idx = _row_readers(sch, name)
+        if not readers:
+            continue
+        cache = sch.cache_read(readers[0], idx, "shared", consumer_blocks=readers)
+        sch.compute_at(cache, group, preserve_unit_loops=True, index=-1)
+        row, cols = sch.get_loops(cache)[-2:]
+        o, lanes, v = _thread_columns(sch, cols, cfg)
+        sch.reorder(*lanes, row, o, v)
+        for lp in (row, o):
+            sch.unroll(lp)
+        sch.vectorize(v)
+        # a row's place in its group (as _thread_layout's rows: left to compaction, the buffer's
+        # size depends on the row count, which CUDA codegen cannot allocate)
+        group_rows = cfg.prefetch
+        sch.transform_layout(cache, ("write", 0), lambda i, j: (i % group_rows, j), assume_injective_transform=True)
+
+
+# The static shared memory a block may hold is 48 KB; the row sums' allreduce takes up to 1 KB
+STAGED_SHARED_BYTES = 47 * 1024
+
+
+def staged_shared_bytes(hidden: int, elem_bytes: int, prefetch: int, stages: int, lanes: int = 1) -> int:
+    """Shared memory a staged dx block holds for its rows: ``stages`` groups of ``prefetch`` rows
+    of dy and x for each of its ``lanes`` chunk lanes."""
+    return 2 * stages * prefetch * lanes * hidden * elem_bytes
+
+
+def _cuda_pipeline(sch, group, stages: int, copies_async: bool = False):
     """Software-pipeline the walk over a chunk's groups of rows: the loads of group g + stages - 1
     are issued before group g is computed, into another copy of the row registers, so a lane's
     loads overlap its row reductions and their barriers instead of alternating with them (on the
@@ -533,7 +602,10 @@ def _cuda_pipeline(sch, group, stages: int):
     local memory). Unrolled whole, the walk let ptxas hoist every later row's loads: registers
     grew or spilled and the kernel ran 1.0-5.2x slower (bench/results/h200-bwd-parts-2.log).
     The group loop's body is the loads of dy and x (_cuda_row_registers put them first) and then
-    the loop over the group's rows."""
+    the loop over the group's rows. With ``copies_async`` (staged rows: the loads are copies
+    into shared memory, _cuda_row_shared) the loads' stage is asynchronous: InjectPTXAsyncCopy
+    (_tvm.PASS_CONFIG's use_async_copy) makes them cp.async, committed as one group per group of
+    rows and waited for ``stages`` - 1 groups behind."""
     body = sch.get(group).body
     children = len(body.seq) if hasattr(body, "seq") else 1
     loads = len(ROW_OPERANDS)
@@ -541,6 +613,8 @@ def _cuda_pipeline(sch, group, stages: int):
         raise ValueError(f"expected the row loads and the row loop under the group loop, got {children} statements")
     sch.annotate(group, "software_pipeline_stage", [0] * loads + [stages - 1])
     sch.annotate(group, "software_pipeline_order", list(range(children)))
+    if copies_async:
+        sch.annotate(group, "software_pipeline_async_stages", [0])
     sch.annotate(group, UNROLL_BY, stages)
 
 

@@ -339,6 +339,9 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # A second variant staging the row in shared memory (x read from HBM once) was tried and
     # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
     # then depends on the row count and cannot be vectorised).
+    # The dx with its rows staged in shared memory by cp.async (CudaRowConfig.staged) is not a
+    # variant either: on the H200 it ran 1.35-1.75x slower than the default's dx at 1024 and
+    # 2048, whatever its depth (bench/results/h200-run26/).
     if key.stage in ("bwd", "bwd_add"):
         return [cuda_space(key, fused) for fused in fused_cuda_variants(key)]
     return [cuda_space(key)] + [cuda_space(key, kept=kept) for kept in fwd_kept_variants(key)]
