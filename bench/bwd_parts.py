@@ -144,8 +144,13 @@ def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_
     if dx_points:  # against the default rule's dx (a --no-tuned library) at the default T
         f["dx"](dy, x, *stats, gamma, dx, part)
         want = [dx.float(), part.clone()]
-    for threads, prefetch, n, bits, group, min_blocks, full, weights, staged in dx_points:
-        fdx, cfg = dx_variant(key, threads, prefetch, n, bits, group, min_blocks, full, weights, staged)
+    for point in dx_points:
+        try:
+            fdx, cfg = dx_variant(key, *point)
+        except ValueError as e:  # a point this width cannot take (staged rows beyond shared memory)
+            r["dx_points"]["x".join(map(str, point))] = {"error": str(e)}
+            continue
+        threads, prefetch, n, bits, group, min_blocks, full, weights, staged = point
         got = [torch.full_like(dx, float("nan")), torch.full_like(part, float("nan"))]
         fdx(dy, x, *stats, gamma, *got)
         name = (f"{cfg.threads}x{cfg.rows}v{cfg.vec}p{cfg.prefetch}s{cfg.stages}" + ("i32" if bits == 32 else "")
@@ -231,7 +236,8 @@ def main():
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
                   f"(frac {r['frac']:.3f})" + "".join(f"  {k} {v['us']:.1f} (err {v['rel_err']:.0e})"
                                                       for k, v in r["finalize_variants"].items())
-                  + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" for k, v in r["dx_points"].items())
+                  + "".join(f"  dx@{k} {v['us']:.1f} (err {v['rel_err']:.0e})" if "us" in v else f"  dx@{k} refused"
+                            for k, v in r["dx_points"].items())
                   + "".join(f"  call@T{t} {v['us']:.1f} (err {v['rel_err']:.0e})" for t, v in r["default_T"].items()),
                   flush=True)
     meta = probe_meta(ceiling)

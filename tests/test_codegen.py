@@ -1035,16 +1035,21 @@ def test_stats_first_on_llvm_against_float64(monkeypatch, rng, seed):
 def test_staged_dx_copies_its_rows_into_shared_memory_by_cp_async(key, cfg):
     """staged (sched.rows._cuda_row_shared): dy and x reach the dx kernel only through cp.async
     copies into shared buffers of `stages` groups of `prefetch` rows, each group committed and
-    waited for `stages` - 1 groups behind; no stage loads a row from global memory or keeps one
-    in registers. A column tail (1000) keeps its guard on the copy."""
+    waited for `stages` - 1 groups behind, then as 16-byte vectors into registers that hold one
+    group (not `stages`, as the unstaged pipeline's do), which the stages read. A column tail
+    (1000) keeps its guard on the copy."""
     from tvmnorm.sched.rows import CudaRowConfig
     body = kernel(cuda_source(key, row_config=CudaRowConfig(staged=True, **cfg)), "dx")
+    group = cfg["prefetch"] * -(-key.hidden_size // (cfg["threads"] * cfg["vec"])) * cfg["vec"]
     for op in ("dy", "x"):
         assert re.search(rf"__shared__ alignas\(\d+\) \w+ {op}_shared_ptr\[(\d+)\];", body)[1] == \
             str(cfg["stages"] * cfg["prefetch"] * key.hidden_size), op
-        assert not re.search(rf"\b{op}_local_ptr", body)
+        assert re.search(rf" {op}_local_ptr\[(\d+)\];", body)[1] == str(group), op
         reads = [line for line in body.splitlines() if re.search(rf"\b{op}_ptr\b", line)]
         assert reads and all("ptx_cp_async" in r for r in reads), reads[:2]
+        assert re.search(rf"\*\((uint4|float4)\*\)\({op}_local_ptr \+ (\(int64_t\))?\d+\) = "
+                         rf"\*\((uint4|float4)\*\)\({op}_shared_ptr \+", body), op
+        assert not re.search(rf"\({op}_shared_ptr\[", body)  # no element is read from shared memory alone
     assert f"wait_group_{cfg['stages'] - 1}()" in body
     assert "commit_group()" in body
     if key.hidden_size % (cfg["threads"] * cfg["vec"]):

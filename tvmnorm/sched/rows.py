@@ -544,15 +544,17 @@ def _row_readers(sch, name):
 def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
     """Fused dx with ``staged``: the group's rows of dy and x are copied into shared memory at
     the top of ``group`` (each thread copies the vectors of the columns it computes, one 16-byte
-    cp.async each once _cuda_pipeline marks the copy's stage asynchronous), and every stage reads
-    them from there. With the rows in registers (_cuda_row_registers) each group in flight costs
-    a thread prefetch * vectors * vec registers per operand, and the layernorm dx records took
-    186-255 registers with their SMs 14-27 warps deep, stalled on global loads (the twelfth
-    lease's Nsight Compute): here the rows in flight cost shared memory, stages * prefetch rows
-    of both operands per chunk lane (``staged_shared_bytes``), and a thread's registers hold only
-    the row being computed. Each thread reads back only what it copied, but ThreadSync cannot
-    tell: it puts a barrier between the copy's wait and the reads, and another before a buffer
-    is refilled."""
+    cp.async each once _cuda_pipeline marks the copies' stage asynchronous), then into the
+    group's row registers (_cuda_row_registers) as vectors, which every stage reads. With the
+    rows only in registers, each group in flight costs a thread prefetch * vectors * vec
+    registers per operand, and the layernorm dx records took 186-255 registers with their SMs
+    14-27 warps deep, stalled on global loads (the twelfth lease's Nsight Compute): here the
+    groups in flight cost shared memory, ``stages`` groups of both operands per chunk lane
+    (``staged_shared_bytes``), and the registers hold one group. The first form, whose stages
+    read each element from shared memory (a 2-byte load per element, operand and stage), ran
+    1.35-1.75x slower than the default's dx on the H200 (bench/results/h200-run26/). Each thread
+    reads back only what it copied, but ThreadSync cannot tell: it puts a barrier between the
+    copies' wait and the reads, and another before a buffer is refilled."""
     rows_buf = next(p for p in sch.mod["main"].params if p.name == operands[0])
     hidden, elem_bytes = int(rows_buf.shape[-1]), rows_buf.dtype.itemsize
     if cfg.vec * elem_bytes not in (4, 8, 16):
@@ -563,11 +565,13 @@ def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
         raise ValueError(f"staged rows take {need} bytes of shared memory ({cfg.stages} groups of {cfg.prefetch} rows "
                          f"of dy and x at hidden {hidden}), more than the {STAGED_SHARED_BYTES} a block may "
                          "hold statically")
+    _cuda_row_registers(sch, group, cfg, operands, rows=True)
+    group_rows = cfg.prefetch
     for name in operands:
-        readers, idx = _row_readers(sch, name)
-        if not readers:
-            continue
-        cache = sch.cache_read(readers[0], idx, "shared", consumer_blocks=readers)
+        registers = [b for b in sch.get_child_blocks(group) if sch.get(b).name_hint == f"{name}_local"]
+        if not registers:
+            continue  # rmsnorm has no beta
+        cache = sch.cache_read(registers[0], 0, "shared")
         sch.compute_at(cache, group, preserve_unit_loops=True, index=-1)
         row, cols = sch.get_loops(cache)[-2:]
         o, lanes, v = _thread_columns(sch, cols, cfg)
@@ -577,7 +581,6 @@ def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
         sch.vectorize(v)
         # a row's place in its group (as _thread_layout's rows: left to compaction, the buffer's
         # size depends on the row count, which CUDA codegen cannot allocate)
-        group_rows = cfg.prefetch
         sch.transform_layout(cache, ("write", 0), lambda i, j: (i % group_rows, j), assume_injective_transform=True)
 
 
@@ -596,23 +599,29 @@ def _cuda_pipeline(sch, group, stages: int, copies_async: bool = False):
     are issued before group g is computed, into another copy of the row registers, so a lane's
     loads overlap its row reductions and their barriers instead of alternating with them (on the
     H200 that gained 1-9% at some sizes and lost at others: space.STAGES). InjectSoftwarePipeline
-    makes `stages`
-    versions of the row registers, indexed by the group's number modulo `stages`; the group loop
-    is unrolled ``stages`` times (_tvm.UNROLL_BY) so those indices are constants (registers, not
-    local memory). Unrolled whole, the walk let ptxas hoist every later row's loads: registers
-    grew or spilled and the kernel ran 1.0-5.2x slower (bench/results/h200-bwd-parts-2.log).
-    The group loop's body is the loads of dy and x (_cuda_row_registers put them first) and then
-    the loop over the group's rows. With ``copies_async`` (staged rows: the loads are copies
-    into shared memory, _cuda_row_shared) the loads' stage is asynchronous: InjectPTXAsyncCopy
-    (_tvm.PASS_CONFIG's use_async_copy) makes them cp.async, committed as one group per group of
-    rows and waited for ``stages`` - 1 groups behind."""
+    makes `stages` versions of the row registers, indexed by the group's number modulo `stages`;
+    the group loop is unrolled ``stages`` times (_tvm.UNROLL_BY) so those indices are constants
+    (registers, not local memory). Unrolled whole, the walk let ptxas hoist every later row's
+    loads: registers grew or spilled and the kernel ran 1.0-5.2x slower
+    (bench/results/h200-bwd-parts-2.log). The group loop's body is the loads of dy and x
+    (_cuda_row_registers put them first) and then the loop over the group's rows.
+
+    With ``copies_async`` (staged rows, _cuda_row_shared) the body is each operand's copy into
+    shared memory and its copy from there into registers, then the rows: the copies into shared
+    memory are the early stage, asynchronous (InjectPTXAsyncCopy, _tvm.PASS_CONFIG's
+    use_async_copy, makes them cp.async, committed as one group per group of rows and waited for
+    ``stages`` - 1 groups behind), and `stages` versions of the shared buffers are made instead;
+    the copies into registers go with the rows, one version."""
     body = sch.get(group).body
     children = len(body.seq) if hasattr(body, "seq") else 1
-    loads = len(ROW_OPERANDS)
-    if children != loads + 1:
+    copies = [sch.get(b).name_hint for b in sch.get_child_blocks(group)][:children - 1]
+    if children != len(ROW_OPERANDS) * (2 if copies_async else 1) + 1:
         raise ValueError(f"expected the row loads and the row loop under the group loop, got {children} statements")
-    sch.annotate(group, "software_pipeline_stage", [0] * loads + [stages - 1])
-    sch.annotate(group, "software_pipeline_order", list(range(children)))
+    early = [name.endswith("_shared") if copies_async else True for name in copies] + [False]
+    sch.annotate(group, "software_pipeline_stage", [0 if e else stages - 1 for e in early])
+    # the early stage's statements first, each group in its own order
+    order = sorted(range(children), key=lambda i: (not early[i], i))
+    sch.annotate(group, "software_pipeline_order", [order.index(i) for i in range(children)])
     if copies_async:
         sch.annotate(group, "software_pipeline_async_stages", [0])
     sch.annotate(group, UNROLL_BY, stages)

@@ -340,8 +340,10 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
     # then depends on the row count and cannot be vectorised).
     # The dx with its rows staged in shared memory by cp.async (CudaRowConfig.staged) is not a
-    # variant either: on the H200 it ran 1.35-1.75x slower than the default's dx at 1024 and
-    # 2048, whatever its depth (bench/results/h200-run26/).
+    # variant either: on the H200 its first form (each stage reading the rows from shared memory)
+    # ran 1.35-1.75x slower than the default's dx at 1024 and 2048, whatever its depth
+    # (bench/results/h200-run26/); the second (copied on into registers as vectors) is to be
+    # measured by bench/bwd_parts.py --dx before it joins the space.
     if key.stage in ("bwd", "bwd_add"):
         return [cuda_space(key, fused) for fused in fused_cuda_variants(key)]
     return [cuda_space(key)] + [cuda_space(key, kept=kept) for kept in fwd_kept_variants(key)]
