@@ -100,18 +100,22 @@ def record_usage(stage: str, work: pathlib.Path) -> None:
 def variant_usage(spec: str, work: pathlib.Path) -> None:
     """Registers and spills of every structural variant of the fused dx (sched.space.
     fused_cuda_variants: the points the space offers, at the default unroll and min_blocks)
-    of the bf16 backward key ``spec`` (NORM:HIDDEN), beside the registers space.fused_registers
-    counts for its sums and rows, which the space's register limit prunes by."""
+    of the bf16 backward key ``spec`` (NORM:HIDDEN), the staged ones too (whether or not the
+    space holds them: space.STAGED), beside the registers space.fused_registers counts for its
+    sums and rows (a staged variant's registers hold one group), which the space's register
+    limit prunes by."""
     from tvmnorm.sched.space import fused_cuda_variants, fused_registers
     norm, hidden = spec.split(":")
     key = NormKey(norm=norm, stage="bwd", hidden_size=int(hidden))
-    for threads, vec, prefetch, stages, weights in fused_cuda_variants(key):
-        cfg = CudaRowConfig(threads=threads, vec=vec, prefetch=prefetch, stages=stages, chunk_weights=weights)
+    for threads, vec, prefetch, stages, weights, staged in fused_cuda_variants(key, staged=True):
+        cfg = CudaRowConfig(threads=threads, vec=vec, prefetch=prefetch, stages=stages, chunk_weights=weights,
+                            staged=staged)
         per_thread = -(-key.hidden_size // (threads * vec)) * vec
-        model = fused_registers(key.column_sums, per_thread, prefetch, 2, stages, 2 if weights else 0)
+        model = fused_registers(key.column_sums, per_thread, prefetch, 2, 1 if staged else stages, 2 if weights else 0)
         _, usage = cubin(source(key, cfg, "dx"), work)
         (regs, _, stores, loads), = [u for name, u in usage.items() if name.endswith("_dx_kernel")]
-        print(f"{key.name} dx {threads}x{vec} prefetch {prefetch} stages {stages} chunk_weights {int(weights)}: "
+        print(f"{key.name} dx {threads}x{vec} prefetch {prefetch} stages {stages} chunk_weights {int(weights)}"
+              + (" staged" if staged else "") + ": "
               f"{per_thread} elements a thread, fused_registers {model}, ptxas {regs} registers, spilled "
               f"{stores}/{loads} B", flush=True)
 

@@ -717,6 +717,48 @@ def test_fused_variants_hold_gamma_where_its_registers_fit():
     assert len(spaces) == len(variants) and [c == 1 for c in caches] == [v[4] for v in variants]
 
 
+def test_staged_variants_fit_cp_async_and_shared_memory():
+    """The staged fused variants (space.staged_cuda_variants) copy vectors cp.async takes, hold
+    their groups in flight within a block's static shared memory and the smallest chunk, and
+    sample one chunk lane a block and guarded rows only; the space holds them only with
+    space.STAGED (off until the H200 times them), and wide bf16 rows (7168) have none."""
+    from tvmnorm.compute.norms import CUDA_CHUNK_ROWS
+    from tvmnorm.sched.rows import STAGED_SHARED_BYTES, staged_shared_bytes
+    from tvmnorm.sched.space import STAGED, fused_choices, fused_cuda_variants, staged_cuda_variants
+    assert not STAGED
+    for key in (NormKey(norm="layernorm", stage="bwd", hidden_size=1024),
+                NormKey(stage="bwd_add", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000)):
+        staged = staged_cuda_variants(key)
+        assert staged and all(v[5] for v in staged) and not any(v[5] for v in fused_cuda_variants(key))
+        assert fused_cuda_variants(key, staged=True) == fused_cuda_variants(key) + staged
+        size = 4 if key.itype == "fp32" else 2
+        for threads, vec, prefetch, stages, _, _ in staged:
+            assert vec * size in (4, 8, 16) and stages * prefetch <= min(CUDA_CHUNK_ROWS)
+            assert staged_shared_bytes(key.hidden_size, size, prefetch, stages) <= STAGED_SHARED_BYTES
+        assert all(fused_choices(v) == ([1], (0,)) for v in staged)
+    assert staged_cuda_variants(NormKey(stage="bwd", hidden_size=7168)) == []
+
+
+def test_staged_variants_replay_on_symbolic_rows(monkeypatch):
+    """With space.STAGED on, the space's staged variants replay from their traces onto the
+    symbolic-row kernels a library holds, at both index widths, and copy their rows by cp.async."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched import space
+    monkeypatch.setattr(space, "STAGED", True)
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
+    variants = space.fused_cuda_variants(key)
+    spaces = space_fn(key, "cuda")(Schedule(tuning_func(key, "dx", 2048, "cuda", 32)))
+    assert len(spaces) == len(variants) == len(design_spaces(key, "cuda"))
+    staged = [sch for sch, v in zip(spaces, variants) if v[5]]
+    for sch in staged[:: max(1, len(staged) // 3)]:
+        trace = sch.trace.simplified(remove_postproc=True)
+        record = {"rows_per_partial": 32, "parts": {"dx": json.loads(json.dumps(trace.as_json(),
+                                                                                 default=lambda o: o.value))}}
+        funcs = scheduled_funcs(key, "cuda", record, parts=("dx",))
+        funcs.update(scheduled_funcs(key, "cuda", record, row_bits=32, parts=("dx",), prefix=narrow_prefix(key)))
+        assert compile_funcs(funcs, "cuda").mod.imports[0].inspect_source().count("ptx_cp_async_legacy") > 2
+
+
 def test_fused_space_samples_only_valid_block_sizes():
     """Each fused variant samples only the chunk lanes per block that keep a block within 1024
     threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168

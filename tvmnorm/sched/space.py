@@ -51,7 +51,8 @@ import dataclasses
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
-from .rows import CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda, warp_sums_problem
+from .rows import (STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda,
+                   staged_shared_bytes, warp_sums_problem)
 
 TUNED_PARTS = ("fwd", "dx")
 THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -107,7 +108,7 @@ def _categorical(sch, choices):
 
 
 def cuda_space(key: NormKey, fused=None, kept=None):
-    """The CUDA row space. ``fused`` = (threads, vec, prefetch, stages, chunk_weights), plain
+    """The CUDA row space. ``fused`` = (threads, vec, prefetch, stages, chunk_weights, staged), plain
     values, makes it one structural variant of the fused dx kernel: they decide the register
     layout of its row operands and partial sums (a constant of the trace, see _thread_layout),
     the software pipeline over its rows and where gamma is loaded (a cache stage or none), and
@@ -119,13 +120,13 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     def space(sch):
         # sampled even where there is one choice (warp_sums: one row a block): a trace that samples
         # nothing is the default rule's (tune.is_default_trace)
-        rows = _categorical(sch, fused_rows(fused[0]) if fused else kept_rows(kept) if kept else ROWS)
+        rows = _categorical(sch, fused_choices(fused)[0] if fused else kept_rows(kept) if kept else ROWS)
         if fused is not None:
-            threads, vec, prefetch, stages, chunk_weights = fused
+            threads, vec, prefetch, stages, chunk_weights, staged = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
-                                chunk_weights=chunk_weights,
+                                chunk_weights=chunk_weights, staged=staged,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, FULL_CHUNKS))
+                                full_chunks=_categorical(sch, fused_choices(fused)[1]))
         elif kept is not None:
             threads, vec, keep_y, warp_sums, early_weights = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -220,8 +221,8 @@ def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
     return min(cap, 65536 // threads - 40)
 
 
-def fused_cuda_variants(key: NormKey) -> list:
-    """(threads, vec, prefetch, stages, chunk_weights) of the fused dx kernel: the two widest
+def fused_cuda_variants(key: NormKey, staged: bool | None = None) -> list:
+    """(threads, vec, prefetch, stages, chunk_weights, staged) of the fused dx kernel: the two widest
     vector widths, thread counts (powers of two, and the warp multiples that split the row
     evenly: exact_thread_counts) that give every thread 1 to FUSED_VECTORS vectors of the row
     (and a block of them within 1024 threads), rows loaded per group and groups in flight such
@@ -230,7 +231,8 @@ def fused_cuda_variants(key: NormKey) -> list:
     groups), each again with gamma held in registers for the whole chunk (chunk_weights) where
     its registers fit too: where they are tight, ptxas spills for it (layernorm 8192, 512 x 4:
     12 -> 44 bytes, bench/results/sass-counts-chunk-weights.txt) and only a measurement tells
-    whether the loads it saves are worth that."""
+    whether the loads it saves are worth that. With ``staged`` (STAGED unless given), also
+    staged_cuda_variants'."""
     s = key.column_sums
     h = key.hidden_size
     size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
@@ -248,12 +250,60 @@ def fused_cuda_variants(key: NormKey) -> list:
                     regs = fused_registers(s, vectors * vec, prefetch, size, stages)
                     fits = regs <= limit or (prefetch, stages) == (1, 1)
                     if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
-                        out.append((threads, vec, prefetch, stages, False))
+                        out.append((threads, vec, prefetch, stages, False, False))
                         weights = fused_registers(s, vectors * vec, prefetch, size, stages, weight_bytes)
                         if weights <= limit:
-                            out.append((threads, vec, prefetch, stages, True))
+                            out.append((threads, vec, prefetch, stages, True, False))
     # very wide rows (65536) have no variant within the limit: the widest one, spilling if it must
-    return out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1, False)]
+    out = out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1, False, False)]
+    return out + (staged_cuda_variants(key) if (STAGED if staged is None else staged) else [])
+
+
+# The staged dx (CudaRowConfig.staged: each group of rows copied by cp.async into shared memory,
+# then into registers as vectors) as fused variants of the space: off until the H200 has timed
+# this form beside the default's dx (the first form, whose stages read every element from shared
+# memory, lost by 1.35-1.75x: bench/results/h200-run26/; .device/l27-smem.sh times this one).
+STAGED = False
+# Groups of rows in flight (copies into shared memory) and rows a group a staged variant takes.
+STAGED_STAGES = (2, 4)
+STAGED_PREFETCH = (1, 2)
+
+
+def staged_cuda_variants(key: NormKey) -> list:
+    """The staged fused variants, (threads, vec, prefetch, STAGES, chunk_weights, True): the
+    unstaged variants' vector widths whose vectors cp.async copies (4, 8 or 16 bytes) and thread
+    counts, STAGED_PREFETCH rows a group and STAGED_STAGES groups in flight where they fit the
+    smallest chunk and a block's static shared memory (STAGED_SHARED_BYTES), and the registers
+    hold the sums and one group (the groups in flight are in shared memory); each again with
+    gamma held for the chunk where its registers fit too."""
+    s, h = key.column_sums, key.hidden_size
+    size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
+    out = []
+    for vec in cuda_vec_choices(key)[-2:]:
+        if vec * size not in (4, 8, 16):
+            continue
+        for threads in _fused_thread_counts(key, vec):
+            vectors = -(-h // (threads * vec))
+            if not (1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec)):
+                continue
+            limit = fused_register_limit(threads)
+            for prefetch in STAGED_PREFETCH:
+                for stages in STAGED_STAGES:
+                    if (any(t % prefetch for t in CUDA_CHUNK_ROWS) or stages * prefetch > min(CUDA_CHUNK_ROWS)
+                            or staged_shared_bytes(h, size, prefetch, stages) > STAGED_SHARED_BYTES
+                            or fused_registers(s, vectors * vec, prefetch, size) > limit):
+                        continue
+                    out.append((threads, vec, prefetch, stages, False, True))
+                    if fused_registers(s, vectors * vec, prefetch, size, 1, weight_bytes) <= limit:
+                        out.append((threads, vec, prefetch, stages, True, True))
+    return out
+
+
+def fused_choices(fused) -> tuple:
+    """(chunk lanes per block, full_chunks values) a fused variant samples: a staged one has one
+    lane a block and guards every row (CudaRowConfig.staged; ThreadSync puts no barrier inside
+    the full-chunk branch)."""
+    return ([1], (0,)) if fused[5] else (fused_rows(fused[0]), FULL_CHUNKS)
 
 
 # The thread counts from which a row sum takes barriers (TVM's allreduce over several warps),
@@ -364,8 +414,8 @@ def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
     """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks factor or
     not (without the stream factor)."""
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_rows(t)) * (len(min_blocks_choices(t)) if min_blocks else 1) * full
-                   for t, *_ in fused_cuda_variants(key))
+        return sum(len(fused_choices(v)[0]) * (len(min_blocks_choices(v[0])) if min_blocks else 1)
+                   * min(full, len(fused_choices(v)[1])) for v in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
     return sampled + sum(len(kept_rows(kept)) * (full if kept_guarded(kept) else 1) for kept in fwd_kept_variants(key))
 
