@@ -221,6 +221,18 @@ def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
     return min(cap, 65536 // threads - 40)
 
 
+def _fused_layouts(key: NormKey):
+    """(threads, vec, elements a thread, register limit) of every thread layout a fused variant
+    can take: the two widest vector widths and the thread counts that give every thread 1 to
+    FUSED_VECTORS vectors of the row."""
+    h = key.hidden_size
+    for vec in cuda_vec_choices(key)[-2:]:
+        for threads in _fused_thread_counts(key, vec):
+            vectors = -(-h // (threads * vec))
+            if 1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec):
+                yield threads, vec, vectors * vec, fused_register_limit(threads)
+
+
 def fused_cuda_variants(key: NormKey, staged: bool | None = None) -> list:
     """(threads, vec, prefetch, stages, chunk_weights, staged) of the fused dx kernel: the two widest
     vector widths, thread counts (powers of two, and the warp multiples that split the row
@@ -234,26 +246,19 @@ def fused_cuda_variants(key: NormKey, staged: bool | None = None) -> list:
     whether the loads it saves are worth that. With ``staged`` (STAGED unless given), also
     staged_cuda_variants'."""
     s = key.column_sums
-    h = key.hidden_size
     size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
     out = []
-    for vec in cuda_vec_choices(key)[-2:]:
-        for threads in _fused_thread_counts(key, vec):
-            vectors = -(-h // (threads * vec))
-            if not (1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec)):
+    for threads, vec, per_thread, limit in _fused_layouts(key):
+        for prefetch in PREFETCH:
+            if any(t % prefetch for t in CUDA_CHUNK_ROWS):
                 continue
-            limit = fused_register_limit(threads)
-            for prefetch in PREFETCH:
-                if any(t % prefetch for t in CUDA_CHUNK_ROWS):
-                    continue
-                for stages in STAGES if prefetch in PIPELINED_PREFETCH else (1,):
-                    regs = fused_registers(s, vectors * vec, prefetch, size, stages)
-                    fits = regs <= limit or (prefetch, stages) == (1, 1)
-                    if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
-                        out.append((threads, vec, prefetch, stages, False, False))
-                        weights = fused_registers(s, vectors * vec, prefetch, size, stages, weight_bytes)
-                        if weights <= limit:
-                            out.append((threads, vec, prefetch, stages, True, False))
+            for stages in STAGES if prefetch in PIPELINED_PREFETCH else (1,):
+                regs = fused_registers(s, per_thread, prefetch, size, stages)
+                fits = regs <= limit or (prefetch, stages) == (1, 1)
+                if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
+                    out.append((threads, vec, prefetch, stages, False, False))
+                    if fused_registers(s, per_thread, prefetch, size, stages, weight_bytes) <= limit:
+                        out.append((threads, vec, prefetch, stages, True, False))
     # very wide rows (65536) have no variant within the limit: the widest one, spilling if it must
     out = out or [(cuda_thread_choices(key)[-1], cuda_vec_choices(key)[-1], 1, 1, False, False)]
     return out + (staged_cuda_variants(key) if (STAGED if staged is None else staged) else [])
@@ -279,23 +284,18 @@ def staged_cuda_variants(key: NormKey) -> list:
     s, h = key.column_sums, key.hidden_size
     size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
     out = []
-    for vec in cuda_vec_choices(key)[-2:]:
+    for threads, vec, per_thread, limit in _fused_layouts(key):
         if vec * size not in (4, 8, 16):
             continue
-        for threads in _fused_thread_counts(key, vec):
-            vectors = -(-h // (threads * vec))
-            if not (1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec)):
-                continue
-            limit = fused_register_limit(threads)
-            for prefetch in STAGED_PREFETCH:
-                for stages in STAGED_STAGES:
-                    if (any(t % prefetch for t in CUDA_CHUNK_ROWS) or stages * prefetch > min(CUDA_CHUNK_ROWS)
-                            or staged_shared_bytes(h, size, prefetch, stages) > STAGED_SHARED_BYTES
-                            or fused_registers(s, vectors * vec, prefetch, size) > limit):
-                        continue
-                    out.append((threads, vec, prefetch, stages, False, True))
-                    if fused_registers(s, vectors * vec, prefetch, size, 1, weight_bytes) <= limit:
-                        out.append((threads, vec, prefetch, stages, True, True))
+        for prefetch in STAGED_PREFETCH:
+            for stages in STAGED_STAGES:
+                if (any(t % prefetch for t in CUDA_CHUNK_ROWS) or stages * prefetch > min(CUDA_CHUNK_ROWS)
+                        or staged_shared_bytes(h, size, prefetch, stages) > STAGED_SHARED_BYTES
+                        or fused_registers(s, per_thread, prefetch, size) > limit):
+                    continue
+                out.append((threads, vec, prefetch, stages, False, True))
+                if fused_registers(s, per_thread, prefetch, size, 1, weight_bytes) <= limit:
+                    out.append((threads, vec, prefetch, stages, True, True))
     return out
 
 
