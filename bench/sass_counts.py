@@ -141,7 +141,13 @@ def main():
                     "dx variant of that bf16 backward key instead")
     ap.add_argument("--knob", default=None, help="a boolean CudaRowConfig field of the dx (e.g. chunk_weights) to "
                     "count off and on instead of full_chunks")
+    ap.add_argument("--no-tir-cse", action="store_true", help="compile without TVM's common subexpression "
+                    "elimination (tirx.disable_cse_tir), which hoists every repeated address computation to the "
+                    "kernel's top, where nvcc keeps it live")
     args = ap.parse_args()
+    if args.no_tir_cse:
+        from tvmnorm import _tvm
+        _tvm.PASS_CONFIG["tirx.disable_cse_tir"] = True
     with tempfile.TemporaryDirectory() as d:
         work = pathlib.Path(d)
         if args.records:
