@@ -7,10 +7,10 @@ every stage of a row under that row loop, and splits each stage's hidden loop ov
 
 On CUDA the fused dx kernel's chunk is walked by one block lane (threadIdx.y): its rows are
 loaded ``prefetch`` at a time into registers that every stage reads, and the running sums stay
-in registers (``_cuda_row_registers``, ``_cuda_partials``); with ``staged`` its rows are instead
-copied into shared memory by cp.async, several groups ahead (``_cuda_row_shared``). A dx compute of grouped row sums
-(P rows per reduction, ``compute.norms._group_sums``) makes the group of ``prefetch`` = P rows
-the compute's own: one allreduce per group instead of one per row (``_chunk_rows``).
+in registers (``_cuda_row_registers``, ``_cuda_partials``); with ``staged`` the groups in flight
+wait in shared memory, copied there by cp.async (``_cuda_row_shared``). A dx compute of grouped
+row sums (P rows per reduction, ``compute.norms._group_sums``) makes the group of ``prefetch`` =
+P rows the compute's own: one allreduce per group instead of one per row (``_chunk_rows``).
 
 On llvm the dx kernel also carries the weight-gradient partials (block ``part``: part[s, q, j]
 sums chunk q's T rows). There the row loop is split by T into (chunk q, row t of the chunk), the
@@ -65,9 +65,10 @@ class CudaRowConfig:
     chunk_weights: bool = False  # fused dx only: gamma loaded into registers once a chunk lane,
                               # before its walk over the chunk's rows, instead of by every stage
                               # of every row (_cuda_row_registers)
-    staged: bool = False      # fused dx only, stages >= 2: the rows' dy and x copied into shared
-                              # memory by cp.async, `stages` groups in flight, and every stage
-                              # reads them there (_cuda_row_shared) instead of from registers
+    staged: bool = False      # fused dx only, stages >= 2, one chunk lane a block: the rows' dy
+                              # and x copied into shared memory by cp.async, `stages` groups in
+                              # flight, each then into registers that hold one group
+                              # (_cuda_row_shared), instead of `stages` groups in registers
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -514,10 +515,13 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
     otherwise each row's sums and its dx stage load it again (L1 hits, but two loads and
     conversions a vector and row, and a wait after each row's barriers)."""
     layout = _thread_layout(cfg, rows=rows)
+    root = sch.get_sblock("root")
     for name in operands:
-        readers, idx = _row_readers(sch, name)
+        readers = [b for b in sch.get_child_blocks(root)
+                   if any(r.source.name == name for r in sch.get(b).reads)]
         if not readers:
             continue  # rmsnorm has no beta
+        idx = [r.source.name for r in sch.get(readers[0]).reads].index(name)
         cache = sch.cache_read(readers[0], idx, "local", consumer_blocks=readers)
         # no producers: -2 is the top of the row loop, and the later operands go before the earlier
         sch.compute_at(cache, loop, preserve_unit_loops=True, index=-2 if cfg.early_weights else -1)
@@ -532,13 +536,6 @@ def _cuda_row_registers(sch, loop, cfg: CudaRowConfig, operands, rows: bool):
         sch.unroll(o)
         sch.vectorize(v)
         sch.transform_layout(cache, ("write", 0), layout, assume_injective_transform=True)
-
-
-def _row_readers(sch, name):
-    """The blocks that read operand ``name`` and its position among the first one's reads."""
-    root = sch.get_sblock("root")
-    readers = [b for b in sch.get_child_blocks(root) if any(r.source.name == name for r in sch.get(b).reads)]
-    return readers, [r.source.name for r in sch.get(readers[0]).reads].index(name) if readers else None
 
 
 def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
@@ -588,10 +585,10 @@ def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
 STAGED_SHARED_BYTES = 47 * 1024
 
 
-def staged_shared_bytes(hidden: int, elem_bytes: int, prefetch: int, stages: int, lanes: int = 1) -> int:
-    """Shared memory a staged dx block holds for its rows: ``stages`` groups of ``prefetch`` rows
-    of dy and x for each of its ``lanes`` chunk lanes."""
-    return 2 * stages * prefetch * lanes * hidden * elem_bytes
+def staged_shared_bytes(hidden: int, elem_bytes: int, prefetch: int, stages: int) -> int:
+    """Shared memory a staged dx block (one chunk lane) holds for its rows: ``stages`` groups of
+    ``prefetch`` rows of dy and x."""
+    return 2 * stages * prefetch * hidden * elem_bytes
 
 
 def _cuda_pipeline(sch, group, stages: int, copies_async: bool = False):
