@@ -554,7 +554,7 @@ def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
     copies' wait and the reads, and another before a buffer is refilled."""
     rows_buf = next(p for p in sch.mod["main"].params if p.name == operands[0])
     hidden, elem_bytes = int(rows_buf.shape[-1]), rows_buf.dtype.itemsize
-    if cfg.vec * elem_bytes not in (4, 8, 16):
+    if cfg.vec * elem_bytes not in CP_ASYNC_BYTES:
         raise ValueError(f"staged rows need vectors of 4, 8 or 16 bytes, what one cp.async copies; got {cfg.vec} "
                          f"elements of {elem_bytes} bytes")
     need = staged_shared_bytes(hidden, elem_bytes, cfg.prefetch, cfg.stages)
@@ -583,6 +583,8 @@ def _cuda_row_shared(sch, group, cfg: CudaRowConfig, operands):
 
 # The static shared memory a block may hold is 48 KB; the row sums' allreduce takes up to 1 KB
 STAGED_SHARED_BYTES = 47 * 1024
+# The sizes one cp.async copies: a staged dx's vectors must be one of them
+CP_ASYNC_BYTES = (4, 8, 16)
 
 
 def staged_shared_bytes(hidden: int, elem_bytes: int, prefetch: int, stages: int) -> int:

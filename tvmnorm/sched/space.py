@@ -51,7 +51,7 @@ import dataclasses
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
-from .rows import (STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda,
+from .rows import (CP_ASYNC_BYTES, STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda,
                    staged_shared_bytes, warp_sums_problem)
 
 TUNED_PARTS = ("fwd", "dx")
@@ -120,13 +120,14 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     def space(sch):
         # sampled even where there is one choice (warp_sums: one row a block): a trace that samples
         # nothing is the default rule's (tune.is_default_trace)
-        rows = _categorical(sch, fused_choices(fused)[0] if fused else kept_rows(kept) if kept else ROWS)
+        lanes, fulls = fused_choices(fused) if fused else (None, None)
+        rows = _categorical(sch, lanes if fused else kept_rows(kept) if kept else ROWS)
         if fused is not None:
             threads, vec, prefetch, stages, chunk_weights, staged = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 chunk_weights=chunk_weights, staged=staged,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, fused_choices(fused)[1]))
+                                full_chunks=_categorical(sch, fulls))
         elif kept is not None:
             threads, vec, keep_y, warp_sums, early_weights = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -285,7 +286,7 @@ def staged_cuda_variants(key: NormKey) -> list:
     size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
     out = []
     for threads, vec, per_thread, limit in _fused_layouts(key):
-        if vec * size not in (4, 8, 16):
+        if vec * size not in CP_ASYNC_BYTES:
             continue
         for prefetch in STAGED_PREFETCH:
             for stages in STAGED_STAGES:
@@ -389,11 +390,7 @@ def design_spaces(key: NormKey, kind: str) -> list:
     # A second variant staging the row in shared memory (x read from HBM once) was tried and
     # removed: its traces do not replay on the symbolic-row kernel (the staging loop's extent
     # then depends on the row count and cannot be vectorised).
-    # The dx with its rows staged in shared memory by cp.async (CudaRowConfig.staged) is not a
-    # variant either: on the H200 its first form (each stage reading the rows from shared memory)
-    # ran 1.35-1.75x slower than the default's dx at 1024 and 2048, whatever its depth
-    # (bench/results/h200-run26/); the second (copied on into registers as vectors) is to be
-    # measured by bench/bwd_parts.py --dx before it joins the space.
+    # The dx with its rows staged in shared memory by cp.async joins only with STAGED (see there).
     if key.stage in ("bwd", "bwd_add"):
         return [cuda_space(key, fused) for fused in fused_cuda_variants(key)]
     return [cuda_space(key)] + [cuda_space(key, kept=kept) for kept in fwd_kept_variants(key)]
