@@ -1056,6 +1056,29 @@ def test_staged_dx_copies_its_rows_into_shared_memory_by_cp_async(key, cfg):
         assert re.search(r"\(\(\(int64_t\)threadIdx\.x\) < \(int64_t\)\d+\)\) \{\s*ptx_cp_async", body)
 
 
+@pytest.mark.parametrize("key,cfg", [
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=1024), dict(threads=64, vec=8, prefetch=1)),
+    (NormKey(stage="bwd", hidden_size=2048), dict(threads=128, vec=8, prefetch=2, chunk_weights=True))])
+def test_staged_dx_over_full_chunks_keeps_its_barriers_in_both_walks(key, cfg):
+    """staged with full_chunks: the walk's unguarded copy (_tvm._full_chunk) refills and reads
+    its shared buffers behind the same barriers as the guarded walk (ThreadSync places them
+    under the copy's test because _full_chunk marks it thread-invariant: it reads only the
+    block's index and the row count), and its copies into shared memory carry no row guard."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    body = kernel(cuda_source(key, row_config=CudaRowConfig(staged=True, stages=2, full_chunks=1, **cfg)), "dx")
+    lines = body.splitlines()
+    split = lines.index("  } else {")
+    start = max(i for i in range(split) if lines[i].startswith("  if ("))
+    end = next(i for i in range(split, len(lines)) if lines[i] == "  }")
+    assert "threadIdx" not in lines[start] and "< n" in lines[start]
+    fast, guarded = lines[start + 1:split], lines[split + 1:end]
+    syncs = [sum("__syncthreads()" in line for line in walk) for walk in (fast, guarded)]
+    assert syncs[0] == syncs[1] >= 4  # the refill's, the copies' wait's and the row sums' two
+    assert sum("ptx_cp_async" in line for line in fast) == sum("ptx_cp_async" in line for line in guarded) > 0
+    assert not any("< n" in line for line in fast)
+    assert any("< n" in line for line in guarded)
+
+
 @pytest.mark.parametrize("key,cfg,problem", [
     (NormKey(stage="bwd", hidden_size=2048), dict(threads=256, vec=8, stages=1), "stages >= 2"),
     (NormKey(stage="bwd", hidden_size=2048), dict(threads=128, rows=2, vec=8, stages=2), "one chunk lane a block"),

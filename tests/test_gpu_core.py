@@ -321,6 +321,23 @@ def test_cuda_staged_dx(norm, stage, dtype, hidden, threads, vec, prefetch, stag
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", ("T+1", 4097))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,prefetch,weights", [
+    ("layernorm", "bwd", "bf16", 2048, 128, 8, 1, False), ("layernorm", "bwd", "bf16", 1024, 64, 8, 2, True),
+    ("layernorm", "bwd_add", "fp32", 1000, 128, 4, 2, False), ("rmsnorm", "bwd", "fp16", 4096, 512, 8, 1, False)])
+def test_cuda_staged_dx_over_full_chunks(norm, stage, dtype, hidden, threads, vec, prefetch, weights, rows, rng, seed):
+    """The staged dx walking whole chunks without row guards (full_chunks: the walk's copy with
+    its shared buffers' barriers under a test every thread of a block takes alike, _tvm
+    _full_chunk), beside the guarded walk of the last chunk: right against float64 with one
+    full chunk and a row, and 4097 rows."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    cfg = CudaRowConfig(threads=threads, vec=vec, prefetch=prefetch, stages=2, chunk_weights=weights, staged=True,
+                        full_chunks=1)
+    kernel = variant_kernel(key, "cuda", cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", ("T-1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,threads,vec,min_blocks", [
     ("layernorm", "bwd", "bf16", 8192, 512, 8, 2), ("layernorm", "bwd", "bf16", 7168, 896, 8, 2),

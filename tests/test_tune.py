@@ -651,14 +651,14 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
 
 def test_search_population_follows_the_space_size():
     """The population drawn each round is the space's size (32..256): the fused CUDA backward's
-    ~100 points over 12-20 design spaces took ~9 s per task and round to draw at 256. The
+    ~100-370 points over 67-134 design spaces took ~9 s per task and round to draw at 256. The
     backward's min_blocks and full_chunks factors are left out of it (population_points): they
     would make a batch's population 176 instead of 32 and the draw ~5x longer, for rounds that
     measure 8."""
     from tvmnorm.sched.space import (FULL_CHUNKS, MIN_BLOCKS, STREAM, fwd_kept_variants, kept_guarded,
                                      population_points, space_size)
     from tvmnorm.tune import _search
-    bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
+    bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=4096)
     assert 32 < population_points(bwd, "cuda") < 256
     assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(STREAM)
                                                                       * population_points(bwd, "cuda"))
@@ -720,31 +720,30 @@ def test_fused_variants_hold_gamma_where_its_registers_fit():
 def test_staged_variants_fit_cp_async_and_shared_memory():
     """The staged fused variants (space.staged_cuda_variants) copy vectors cp.async takes, hold
     their groups in flight within a block's static shared memory and the smallest chunk, and
-    sample one chunk lane a block and guarded rows only; the space holds them only with
-    space.STAGED (off until the H200 times them), and wide bf16 rows (7168) have none."""
+    sample one chunk lane a block, with and without full chunks; the space holds them with space.STAGED
+    (on since the H200 timed them), and wide bf16 rows (7168) have none."""
     from tvmnorm.compute.norms import CUDA_CHUNK_ROWS
     from tvmnorm.sched.rows import STAGED_SHARED_BYTES, staged_shared_bytes
-    from tvmnorm.sched.space import STAGED, fused_choices, fused_cuda_variants, staged_cuda_variants
-    assert not STAGED
+    from tvmnorm.sched.space import FULL_CHUNKS, STAGED, fused_choices, fused_cuda_variants, staged_cuda_variants
+    assert STAGED
     for key in (NormKey(norm="layernorm", stage="bwd", hidden_size=1024),
                 NormKey(stage="bwd_add", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1000)):
         staged = staged_cuda_variants(key)
-        assert staged and all(v[5] for v in staged) and not any(v[5] for v in fused_cuda_variants(key))
-        assert fused_cuda_variants(key, staged=True) == fused_cuda_variants(key) + staged
+        assert staged and all(v[5] for v in staged) and not any(v[5] for v in fused_cuda_variants(key, staged=False))
+        assert fused_cuda_variants(key) == fused_cuda_variants(key, staged=False) + staged
         size = 4 if key.itype == "fp32" else 2
         for threads, vec, prefetch, stages, _, _ in staged:
             assert vec * size in (4, 8, 16) and stages * prefetch <= min(CUDA_CHUNK_ROWS)
             assert staged_shared_bytes(key.hidden_size, size, prefetch, stages) <= STAGED_SHARED_BYTES
-        assert all(fused_choices(v) == ([1], (0,)) for v in staged)
+        assert all(fused_choices(v) == ([1], FULL_CHUNKS) for v in staged)
     assert staged_cuda_variants(NormKey(stage="bwd", hidden_size=7168)) == []
 
 
-def test_staged_variants_replay_on_symbolic_rows(monkeypatch):
-    """With space.STAGED on, the space's staged variants replay from their traces onto the
-    symbolic-row kernels a library holds, at both index widths, and copy their rows by cp.async."""
+def test_staged_variants_replay_on_symbolic_rows():
+    """The space's staged variants replay from their traces onto the symbolic-row kernels a
+    library holds, at both index widths, and copy their rows by cp.async."""
     from tvmnorm._tvm import Schedule
     from tvmnorm.sched import space
-    monkeypatch.setattr(space, "STAGED", True)
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
     variants = space.fused_cuda_variants(key)
     spaces = space_fn(key, "cuda")(Schedule(tuning_func(key, "dx", 2048, "cuda", 32)))

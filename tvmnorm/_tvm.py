@@ -441,7 +441,22 @@ def _full_chunk(loop, row_counts, threads=()):
     # the copy defines its own loop variables, lets and buffers, so that TIR defines none twice
     # (ConvertSSA renames a definition nested in another, not one beside it)
     fast = s_tir.renew_defs(tirx.PrimFunc([], fast)).body
-    return tirx.IfThenElse(analyzer.simplify(_and(whole)), _unit_free(fast), _unit_free(plain))
+    test = analyzer.simplify(_and(whole))
+    if _touches_shared(loop.body):
+        # the staged dx's walk (sched.rows._cuda_row_shared) needs barriers between its shared
+        # buffers' refills and reads, and ThreadSync refuses to put one under a condition it
+        # cannot tell every thread of the block takes alike; this one is, by construction (each
+        # thread index at its largest value), so it is marked as such
+        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
+    return tirx.IfThenElse(test, _unit_free(fast), _unit_free(plain))
+
+
+def _touches_shared(stmt) -> bool:
+    found = []
+    _walk(stmt, (_LOAD, tirx.BufferStore),
+          lambda node: found.append(node) if (node.buffer if isinstance(node, tirx.BufferStore) else node.source)
+          .scope().startswith("shared") else None)
+    return bool(found)
 
 
 def _free_vars(func) -> list:

@@ -266,12 +266,14 @@ def fused_cuda_variants(key: NormKey, staged: bool | None = None) -> list:
 
 
 # The staged dx (CudaRowConfig.staged: each group of rows copied by cp.async into shared memory,
-# then into registers as vectors) as fused variants of the space: off until the H200 has timed
-# this form beside the default's dx (the first form, whose stages read every element from shared
-# memory, lost by 1.35-1.75x: bench/results/h200-run26/; .device/l27-smem.sh times this one).
-STAGED = False
+# then into registers as vectors) as fused variants of the space. On the H200 (twenty-seventh
+# lease, bench/results/h200-run27/) it took the default rule's dx from 47.4 to 40.2 us at rmsnorm
+# 1024, 52.4 to 44.5 at layernorm 1024 and 95.0 to 77.0 at layernorm 2048 with two groups in
+# flight; four were slower everywhere (up to 1.26x the two's), so the space holds two. Over full
+# chunks (full_chunks, sampled as for the other variants) it went on to 33.1, 35.2 and 71.3.
+STAGED = True
 # Groups of rows in flight (copies into shared memory) and rows a group a staged variant takes.
-STAGED_STAGES = (2, 4)
+STAGED_STAGES = (2,)
 STAGED_PREFETCH = (1, 2)
 
 
@@ -302,9 +304,8 @@ def staged_cuda_variants(key: NormKey) -> list:
 
 def fused_choices(fused) -> tuple:
     """(chunk lanes per block, full_chunks values) a fused variant samples: a staged one has one
-    lane a block and guards every row (CudaRowConfig.staged; ThreadSync puts no barrier inside
-    the full-chunk branch)."""
-    return ([1], (0,)) if fused[5] else (fused_rows(fused[0]), FULL_CHUNKS)
+    lane a block (CudaRowConfig.staged)."""
+    return ([1] if fused[5] else fused_rows(fused[0])), FULL_CHUNKS
 
 
 # The thread counts from which a row sum takes barriers (TVM's allreduce over several warps),
