@@ -269,7 +269,7 @@ def fused_cuda_variants(key: NormKey, staged: bool | None = None) -> list:
 # then into registers as vectors) as fused variants of the space. On the H200 (twenty-seventh
 # lease, bench/results/h200-run27/) it took the default rule's dx from 47.4 to 40.2 us at rmsnorm
 # 1024, 52.4 to 44.5 at layernorm 1024 and 95.0 to 77.0 at layernorm 2048 with two groups in
-# flight; four were slower everywhere (up to 1.26x the two's), so the space holds two. Over full
+# flight; four were slower everywhere (up to 1.27x the two's), so the space holds two. Over full
 # chunks (full_chunks, sampled as for the other variants) it went on to 33.1, 35.2 and 71.3.
 STAGED = True
 # Groups of rows in flight (copies into shared memory) and rows a group a staged variant takes.
