@@ -28,8 +28,9 @@ import pathlib
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, probe_us
+from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, probe_us, torch_dtype
 from tvmnorm.compute.norms import combined_partials
+from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.runtime import REGISTRY, partials
 from tvmnorm.sched.default import FINALIZE_UNROLL
 from tvmnorm.shapes import train_rows
@@ -71,7 +72,7 @@ def dx_variant(key, threads: int, prefetch: int, stages: int, bits: int = 64, gr
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.runtime import variant_kernel
     from tvmnorm.sched.default import fused_cuda_heuristic
-    cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
+    cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, DTYPE_BYTES[key.itype])
     cfg = dataclasses.replace(cfg, threads=threads or cfg.threads, prefetch=prefetch or cfg.prefetch,
                               stages=stages or cfg.stages, min_blocks=min_blocks, full_chunks=full_chunks,
                               chunk_weights=bool(chunk_weights), staged=bool(staged),
@@ -94,33 +95,34 @@ def rel_err(got, want) -> float:
     return max(float((a.float() - b).abs().max() / (b.abs().max() + 1e-30)) for a, b in zip(got, want))
 
 
-def bwd_inputs(norm: str, rows: int, h: int) -> tuple:
-    """Fresh bf16 dy, x and gamma and fp32 statistics (layernorm's mu, then rsigma) for a
+def bwd_inputs(norm: str, rows: int, h: int, dtype: str = "bf16") -> tuple:
+    """Fresh ``dtype`` dy, x and gamma and fp32 statistics (layernorm's mu, then rsigma) for a
     backward call, and the number of per-column sums (dgamma, and layernorm's dbeta)."""
     s = NormKey(norm=norm).column_sums
-    dy, x = (torch.randn(rows, h, device="cuda").bfloat16() for _ in range(2))
+    dt = torch_dtype(dtype)
+    dy, x = (torch.randn(rows, h, device="cuda").to(dt) for _ in range(2))
     stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-    return dy, x, stats, torch.randn(h, device="cuda").bfloat16(), s
+    return dy, x, stats, torch.randn(h, device="cuda").to(dt), s
 
 
-def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_rows=()) -> dict:
-    key = NormKey(norm=norm, stage="bwd", hidden_size=h)
+def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_rows=(), dtype: str = "bf16") -> dict:
+    key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
     k = REGISTRY.get(key, "cuda")
     rows = train_rows(h)
     count = partials(rows, key, "cuda", k.chunk_rows)
-    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h)
+    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h, dtype)
     dx = torch.empty_like(x)
     part = torch.randn(s, count, h, device="cuda")
     mid = torch.empty(s, combined_partials(count), h, device="cuda")
-    grads = [torch.empty(h, device="cuda").bfloat16() for _ in range(s)]
+    grads = [torch.empty_like(gamma) for _ in range(s)]
     f = k.parts_for(rows)  # what a call of these rows runs: the int32-row dx (a JIT default compiles no other until needed)
-    r = {"norm": norm, "hidden": h, "rows": rows, "partials": count, "origin": k.origin,
+    r = {"norm": norm, "dtype": dtype, "hidden": h, "rows": rows, "partials": count, "origin": k.origin,
          "dx_us": probe_us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)),
          "finalize_us": probe_us(lambda: f["finalize"](part, *grads)),
          "combine_us": probe_us(lambda: f["combine"](part, mid)),
          "finalize_mid_us": probe_us(lambda: f["finalize"](mid, *grads)),
          "call_us": probe_us(lambda: k(dy, x, *stats, gamma, dx, *grads))}
-    r["frac"] = 3 * rows * h * 2 / r["call_us"] / 1e3 / ceiling
+    r["frac"] = 3 * rows * h * DTYPE_BYTES[dtype] / r["call_us"] / 1e3 / ceiling
     r["two_stage_us"] = r["combine_us"] + r["finalize_mid_us"]
     f["finalize"](part, *grads)
     want = [g.float() for g in grads]
@@ -212,6 +214,7 @@ def main():
                     "stage the rows in shared memory by cp.async (staged; needs >= 2 groups in flight), e.g. "
                     "512x0x0,0x1x2,0x0x0x32,0x0x1x32x2,0x0x0x32x1x2,0x0x0x32x1x1x1,0x0x0x32x1x1x0x1,0x1x3x32x1x1x0x0x1 "
                     "(run with a --no-tuned library: checked against its dx)")
+    ap.add_argument("--dtype", default="bf16", help="itype = wtype = otype of the keys: bf16, fp16 or fp32")
     ap.add_argument("--chunk-rows", default="", help="also the whole call under the default rule at these T, "
                     "e.g. 32,64 (run with a --no-tuned library: checked against its call)")
     ap.add_argument("--small-rows", default="", help="only whole calls of these rows at every T the kernel holds, "
@@ -230,9 +233,10 @@ def main():
     out = []
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
-            r = measure(norm, h, ceiling, variants, dx_points, [int(t) for t in args.chunk_rows.split(",") if t])
+            r = measure(norm, h, ceiling, variants, dx_points, [int(t) for t in args.chunk_rows.split(",") if t],
+                        args.dtype)
             out.append(r)
-            print(f"{norm:9s} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
+            print(f"{norm:9s} {args.dtype} H={h:5d} P={r['partials']:6d} dx {r['dx_us']:7.1f}  finalize {r['finalize_us']:6.1f}  "
                   f"combine+finalize {r['combine_us']:5.1f}+{r['finalize_mid_us']:4.1f}  call {r['call_us']:7.1f} "
                   f"(frac {r['frac']:.3f})" + "".join(f"  {k} {v['us']:.1f} (err {v['rel_err']:.0e})"
                                                       for k, v in r["finalize_variants"].items())
