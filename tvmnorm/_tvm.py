@@ -325,6 +325,14 @@ def _uses(expr, variables) -> bool:
     return bool(found)
 
 
+def _accessed_buffers(stmt) -> list:
+    """The buffers ``stmt`` loads from or stores to, once an access."""
+    accessed = []
+    _walk(stmt, (_LOAD, tirx.BufferStore),
+          lambda node: accessed.append(node.buffer if isinstance(node, tirx.BufferStore) else node.source))
+    return accessed
+
+
 def _buffer_names(stmt, kind) -> set:
     """The names of the buffers ``stmt`` stores to (``kind`` tirx.BufferStore) or loads from (_LOAD)."""
     names = set()
@@ -353,11 +361,8 @@ def _stream_loads(func, _mod, _ctx):
     if not mode:
         return func.with_body(body)
     free = _free_vars(func)
-    accessed = []
-    _walk(body, (_LOAD, tirx.BufferStore),
-          lambda node: accessed.append(node.buffer if isinstance(node, tirx.BufferStore) else node.source))
     # a row operand's extent depends on the row count; a weight's does not
-    rows = [b for b in accessed if b.scope() == "global" and any(_uses(d, free) for d in b.shape)]
+    rows = [b for b in _accessed_buffers(body) if b.scope() == "global" and any(_uses(d, free) for d in b.shape)]
     if mode == 4:
         body = tvm_ffi.structural_map(body, [(tirx.SeqStmt, lambda seq: _last_reads(seq, rows))])
     return func.with_body(tvm_ffi.structural_map(body, [(tirx.BufferStore,
@@ -442,21 +447,13 @@ def _full_chunk(loop, row_counts, threads=()):
     # (ConvertSSA renames a definition nested in another, not one beside it)
     fast = s_tir.renew_defs(tirx.PrimFunc([], fast)).body
     test = analyzer.simplify(_and(whole))
-    if _touches_shared(loop.body):
+    if any(b.scope().startswith("shared") for b in _accessed_buffers(loop.body)):
         # the staged dx's walk (sched.rows._cuda_row_shared) needs barriers between its shared
         # buffers' refills and reads, and ThreadSync refuses to put one under a condition it
         # cannot tell every thread of the block takes alike; this one is, by construction (each
         # thread index at its largest value), so it is marked as such
         test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
     return tirx.IfThenElse(test, _unit_free(fast), _unit_free(plain))
-
-
-def _touches_shared(stmt) -> bool:
-    found = []
-    _walk(stmt, (_LOAD, tirx.BufferStore),
-          lambda node: found.append(node) if (node.buffer if isinstance(node, tirx.BufferStore) else node.source)
-          .scope().startswith("shared") else None)
-    return bool(found)
 
 
 def _free_vars(func) -> list:

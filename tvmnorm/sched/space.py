@@ -120,14 +120,13 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     def space(sch):
         # sampled even where there is one choice (warp_sums: one row a block): a trace that samples
         # nothing is the default rule's (tune.is_default_trace)
-        lanes, fulls = fused_choices(fused) if fused else (None, None)
-        rows = _categorical(sch, lanes if fused else kept_rows(kept) if kept else ROWS)
+        rows = _categorical(sch, fused_lanes(fused) if fused else kept_rows(kept) if kept else ROWS)
         if fused is not None:
             threads, vec, prefetch, stages, chunk_weights, staged = fused
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 chunk_weights=chunk_weights, staged=staged,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, fulls))
+                                full_chunks=_categorical(sch, FULL_CHUNKS))
         elif kept is not None:
             threads, vec, keep_y, warp_sums, early_weights = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -302,10 +301,10 @@ def staged_cuda_variants(key: NormKey) -> list:
     return out
 
 
-def fused_choices(fused) -> tuple:
-    """(chunk lanes per block, full_chunks values) a fused variant samples: a staged one has one
-    lane a block (CudaRowConfig.staged)."""
-    return ([1] if fused[5] else fused_rows(fused[0])), FULL_CHUNKS
+def fused_lanes(fused) -> list:
+    """The chunk lanes per block a fused variant samples: a staged one has one lane a block
+    (CudaRowConfig.staged)."""
+    return [1] if fused[5] else fused_rows(fused[0])
 
 
 # The thread counts from which a row sum takes barriers (TVM's allreduce over several warps),
@@ -412,8 +411,8 @@ def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
     """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks factor or
     not (without the stream factor)."""
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_choices(v)[0]) * (len(min_blocks_choices(v[0])) if min_blocks else 1)
-                   * min(full, len(fused_choices(v)[1])) for v in fused_cuda_variants(key))
+        return sum(len(fused_lanes(v)) * (len(min_blocks_choices(v[0])) if min_blocks else 1) * full
+                   for v in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
     return sampled + sum(len(kept_rows(kept)) * (full if kept_guarded(kept) else 1) for kept in fwd_kept_variants(key))
 
