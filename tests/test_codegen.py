@@ -217,25 +217,28 @@ def test_fp8_parts_fold_on_cuda_only():
     assert "amax_ptr[0] = 0x0p+0f" in kernel(src, "amax_zero")
 
 
-def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce():
+@pytest.mark.parametrize("hidden", [8192, 4096])
+def test_layernorm_bwd_reduces_both_row_sums_in_one_allreduce(hidden):
     """LayerNorm's dx needs sum(dy*g) and sum(dy*g*xhat) per row: one tuple allreduce on CUDA, so
     a multi-warp row has as many barriers as RMSNorm's one sum (two chained ones had twice as
     many). The default loads rows in groups of `prefetch` (unrolled), so barriers are compared
-    per row, and per copy of the walk (full_chunks, LayerNorm's default, writes it twice: without
-    row guards, and with them for the last chunk)."""
+    per row, and per copy of the walk (full_chunks writes it twice: without row guards, and with
+    them for the last chunk). At 4096 the default stages its rows in shared memory, whose
+    buffers take barriers of their own (ThreadSync's), the same in both norms."""
     from tvmnorm.compute.norms import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
 
     sources, per_row = {}, {}
     for norm in ("layernorm", "rmsnorm"):
-        key = NormKey(norm=norm, stage="bwd", hidden_size=4096)
+        key = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
         sources[norm] = kernel(cuda_source(key), "dx")
         assert "red_buf_staging" in sources[norm], "expected a multi-warp allreduce at this width"
-        cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], 4096, 2)
+        cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], hidden, 2)
         per_row[norm] = sources[norm].count("__syncthreads") / cfg.prefetch / (1 + cfg.full_chunks)
-    assert per_row["layernorm"] == per_row["rmsnorm"] == 2
-    ln = sources["layernorm"]
-    assert "red_buf1" in ln, "the two sums do not share one allreduce"
+    assert per_row["layernorm"] == per_row["rmsnorm"]
+    if not cfg.staged:
+        assert per_row["rmsnorm"] == 2
+    assert "red_buf1" in sources["layernorm"], "the two sums do not share one allreduce"
 
 
 @pytest.mark.parametrize("norm,hidden,threads,group", [
@@ -620,8 +623,12 @@ def test_row_kernels_load_weights_in_vectors_and_row_statistics_once(key):
         assert loads and all(loads), f"{w} is read with scalar loads"
     if part == "dx":
         cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], key.hidden_size, 2)
+        # the staged walk is software-pipelined: a group's statistics are read where its copy
+        # lands, in the loop and in the last groups' epilogue
+        copies = cfg.prefetch * (1 + cfg.full_chunks) * (2 if cfg.staged else 1)
         for stat in ("mu", "rsigma") if key.norm == "layernorm" else ("rsigma",):
-            assert len(re.findall(rf"\b{stat}_ptr\[", body)) == cfg.prefetch * (1 + cfg.full_chunks), stat
+            n = len(re.findall(rf"\b{stat}_ptr\[", body))
+            assert (0 < n <= copies) if cfg.staged else n == copies, (stat, n)
 
 
 def test_keep_y_needs_keep_row():
@@ -654,16 +661,68 @@ def test_unroll_by_unrolls_a_loop_that_many_times_with_a_tail():
     assert script.count('T.sblock("b")') == 4, script  # 3 copies in the loop, 1 after it
 
 
-@pytest.mark.parametrize("norm,hidden,prefetch", [("rmsnorm", 4096, 4), ("rmsnorm", 5120, 1), ("rmsnorm", 8192, 1),
+@pytest.mark.parametrize("norm,hidden,prefetch", [("rmsnorm", 256, 4), ("rmsnorm", 5120, 1), ("rmsnorm", 8192, 1),
                                                   ("layernorm", 8192, 2), ("rmsnorm", 128, 2)])
 def test_default_dx_rows_per_group(norm, hidden, prefetch):
-    """The default dx loads as many rows at once as leave its blocks room: RMSNorm with blocks of
-    512 threads (hidden above 4096) one row, so two blocks fit an SM (measured faster on the
-    H200), narrower RMSNorm rows 4, LayerNorm (two sums per element) 2, 8-row blocks 2."""
+    """The default dx (where it does not stage its rows) loads as many rows at once as leave its
+    blocks room: RMSNorm with blocks of 512 threads (hidden above 4096) one row, so two blocks
+    fit an SM (measured faster on the H200), narrower RMSNorm rows 4, LayerNorm (two sums per
+    element) 2, 8-row blocks 2."""
     from tvmnorm.compute import kernel_funcs
     from tvmnorm.sched.default import fused_cuda_heuristic
     func = kernel_funcs(NormKey(norm=norm, stage="bwd", hidden_size=hidden), "cuda")["dx"]
-    assert fused_cuda_heuristic(func, hidden, 2).prefetch == prefetch
+    cfg = fused_cuda_heuristic(func, hidden, 2)
+    assert not cfg.staged and cfg.prefetch == prefetch
+
+
+@pytest.mark.parametrize("norm,dtype,hidden,prefetch", [
+    ("rmsnorm", "bf16", 512, 2), ("layernorm", "bf16", 1000, 2), ("layernorm", "bf16", 1024, 2),
+    ("rmsnorm", "bf16", 1536, 1), ("layernorm", "bf16", 4096, 1), ("rmsnorm", "fp16", 2560, 1),
+    ("layernorm", "fp32", 256, 2), ("rmsnorm", "fp32", 2048, 1), ("layernorm", "bf16/fp32/bf16", 1000, 2),
+    ("layernorm", "bf16", 128, 0), ("rmsnorm", "bf16", 256, 0), ("rmsnorm", "bf16", 5120, 0),
+    ("layernorm", "fp32", 4096, 0), ("rmsnorm", "bf16", 4095, 0), ("layernorm", "bf16", 1022, 0),
+    ("rmsnorm", "bf16/fp32/fp32", 1000, 0), ("layernorm", "bf16/bf16/fp32", 2048, 0)])
+def test_default_dx_stages_rows_of_1_to_8_kb(norm, dtype, hidden, prefetch):
+    """The default dx stages its rows in shared memory (two groups in flight, over full chunks,
+    one chunk lane a block) where the row is 1-8 KB in 16-byte vectors: two rows a group up to
+    2 KB, one above; prefetch 0 here: not staged (rows under 1 KB or over 8 KB, 2- and 4-byte
+    vectors at hidden 4095 and 1022, and dy of fp32 (otype) beside x of bf16, whose copies
+    would need vectors of two widths). Mixed types are itype/wtype/otype; every key's default
+    CUDA builds."""
+    from tvmnorm.compute import kernel_funcs
+    from tvmnorm.key import DTYPE_BYTES
+    from tvmnorm.sched.default import fused_cuda_heuristic
+    from tvmnorm.sched.rows import STAGED_SHARED_BYTES, staged_shared_bytes
+    itype, wtype, otype = (dtype.split("/") * 3)[:3] if "/" in dtype else (dtype,) * 3
+    key = NormKey(norm=norm, stage="bwd", hidden_size=hidden, itype=itype, wtype=wtype, otype=otype)
+    size = DTYPE_BYTES[itype]
+    cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], hidden, size)
+    assert cfg.staged == bool(prefetch)
+    if prefetch:
+        assert (cfg.prefetch, cfg.stages, cfg.rows, cfg.full_chunks) == (prefetch, 2, 1, 1)
+        assert staged_shared_bytes(hidden, size, cfg.prefetch, cfg.stages) <= STAGED_SHARED_BYTES
+    assert ("ptx_cp_async" in kernel(cuda_source(key), "dx")) == bool(prefetch)
+
+
+def test_cp_async_takes_int64_offsets_in_int64_kernels():
+    """TVM declares its cp.async helper with an int global offset; _tvm's CUDA hook makes it a
+    template over the offset's type, so the int64 row kernel of the staged dx (calls past 2^31
+    elements) passes its offsets whole (they wrapped: an illegal address on the H200), and the
+    int32 kernel instantiates it with int, the code it had."""
+    from tvmnorm._tvm import _cp_async_wide_offsets
+    key = NormKey(stage="bwd", hidden_size=4096)
+    wide = cuda_source(key)
+    narrow = compile_funcs(scheduled_funcs(key, "cuda", row_bits=32), "cuda").mod.imports[0].inspect_source()
+    for src in (wide, narrow):
+        helpers = re.findall(r"(?:template <typename SrcOff> )?__forceinline__ __device__ void ptx_cp_async\w*\([^)]*\)", src)
+        assert helpers and all(h.startswith("template <typename SrcOff>") and h.endswith("SrcOff src_off)")
+                               for h in helpers), helpers
+    calls = re.findall(r"ptx_cp_async_legacy\w*\(dy_shared_ptr, [^;]*dy_ptr, \(+\(\(int64_t\)blockIdx\.x\)", wide)
+    assert calls, "the int64 kernel's copies index dy by an int64 expression"
+    original = ("__forceinline__ __device__ void ptx_cp_async_legacy_cg_16_2_2(void* dst, int dst_off, void* src, "
+                "int src_off) {")
+    assert _cp_async_wide_offsets(original).startswith("template <typename SrcOff> ")
+    assert "SrcOff src_off" in _cp_async_wide_offsets(original)
 
 
 @pytest.mark.parametrize("norm,dtype,hidden,once", [("layernorm", "bf16", 8192, True), ("rmsnorm", "bf16", 2560, True),
@@ -1097,11 +1156,12 @@ def test_staged_rows_are_refused_where_they_cannot_be_built(key, cfg, problem):
         scheduled_funcs(key, "cuda", row_config=CudaRowConfig(staged=True, **cfg))
 
 
-@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=4095),
                                  NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096)])
 def test_async_copies_leave_the_other_kernels_as_they_were(key, monkeypatch):
     """_tvm.PASS_CONFIG turns on use_async_copy for the staged dx; no other kernel has an
-    asynchronous stage, and their CUDA is the same without it."""
+    asynchronous stage, and their CUDA is the same without it (4095: the default dx does not
+    stage rows of 2-byte vectors)."""
     from tvmnorm import _tvm
     with_async = cuda_source(key)
     monkeypatch.setitem(_tvm.PASS_CONFIG, "tirx.use_async_copy", False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 
 from .targets import usable_cores  # noqa: E402 - no TVM import there
 
@@ -98,6 +99,37 @@ def without_tensor_intrinsics():
 # sched.rows._cuda_row_shared) becomes cp.async; nothing else is marked asynchronous, and every
 # other kernel's CUDA is the same with it
 PASS_CONFIG = {"tirx.disable_storage_rewrite": True, "tirx.use_async_copy": True}
+
+
+# TVM's CUDA codegen declares its cp.async helper with an int global offset, (void* dst, int
+# dst_off, void* src, int src_off), and an int64 row kernel passes it int64 offsets: past 2^31
+# elements they wrapped, and the staged dx of a call that large read out of bounds (illegal
+# address on the H200, the twenty-eighth lease's test_cuda_call_past_int32_offsets_runs_the_int64_kernels).
+# The helper becomes a template over the offset's type, so an int32 kernel instantiates it with
+# int (the code it had) and an int64 kernel keeps its offsets whole. The shared-memory offset
+# stays an int: a block's buffers are < 48 KB.
+_CP_ASYNC_HELPER = re.compile(r"__forceinline__ __device__ void (ptx_cp_async\w*)"
+                              r"\(void\* dst, int dst_off, void\* src, int src_off\)")
+
+
+def _cp_async_wide_offsets(code: str) -> str:
+    return _CP_ASYNC_HELPER.sub(r"template <typename SrcOff> __forceinline__ __device__ void \1"
+                                r"(void* dst, int dst_off, void* src, SrcOff src_off)", code)
+
+
+def _install_cuda_postproc():
+    """Registers TVM's CUDA source hook (tvm_callback_cuda_postproc, called on every generated
+    CUDA module, the NVRTC and the nvcc paths alike) with _cp_async_wide_offsets, after any hook
+    registered before."""
+    name = "tvm_callback_cuda_postproc"
+    before = tvm_ffi.get_global_func(name, allow_missing=True)
+
+    def postproc(code, tgt):
+        return _cp_async_wide_offsets(str(before(code, tgt)) if before is not None else str(code))
+    tvm_ffi.register_global_func(name, postproc, override=True)
+
+
+_install_cuda_postproc()
 
 
 # A loop annotated with UNROLL_BY = k is unrolled k times (a rolled loop over k copies of its

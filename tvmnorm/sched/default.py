@@ -10,7 +10,8 @@ import dataclasses
 
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
-from .rows import CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
+from .rows import (ROW_OPERANDS, STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu,
+                   schedule_rows_cuda, staged_shared_bytes)
 from .space import fused_register_limit, fused_registers
 
 ROW_PARTS = ("fwd", "dx")
@@ -116,7 +117,9 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     same limit. Measured on the H200 (bwd_parts --dx, bf16, 16384 tokens, bench/results/
     h200-run18/): faster or equal at 22 of the 24 catalog widths, layernorm 4096 162.5 -> 127.2 us,
     8192 292.1 -> 267.3, 1536 60.4 -> 54.8; rmsnorm 2560 113.7 -> 102.7, 3584 134.4 -> 124.1, 1024
-    55.0 -> 47.6; 0.5-0.7% slower (noise) at rmsnorm 896 and 8192."""
+    55.0 -> 47.6; 0.5-0.7% slower (noise) at rmsnorm 896 and 8192.
+
+    Rows of 1-8 KB are then staged in shared memory instead (_staged_dx)."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
     per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
@@ -127,11 +130,54 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
                     if u <= most and t % u == 0
                     and (fused_registers(s, per_thread, u, elem_bytes) <= limit or u == 1))
     weights = fused_registers(s, per_thread, prefetch, elem_bytes, weight_bytes=_weight_bytes(func))
-    return dataclasses.replace(cfg, prefetch=prefetch, full_chunks=1 if s == 2 else 0, chunk_weights=weights <= limit)
+    cfg = dataclasses.replace(cfg, prefetch=prefetch, full_chunks=1 if s == 2 else 0, chunk_weights=weights <= limit)
+    return _staged_dx(cfg, func, hidden, elem_bytes, s, t, per_thread) or cfg
+
+
+# Rows of these sizes (hidden * itype bytes) get the dx with its rows staged in shared memory,
+# two groups in flight, two rows a group up to STAGED_PAIR_ROW_BYTES, one above: where it was
+# measured to win (see _staged_dx); it lost at 256 bytes (bf16 128) and was not measured above
+# 8 KB (fp32 4096 does not fit 47 KB).
+STAGED_ROW_BYTES = (1024, 8192)
+STAGED_PAIR_ROW_BYTES = 2048
+
+
+def _staged_dx(cfg: CudaRowConfig, func, hidden: int, elem_bytes: int, s: int, t: int, per_thread: int):
+    """The rule's dx with its rows staged in shared memory by cp.async (CudaRowConfig.staged):
+    one chunk lane a block (where the unstaged rule puts 2-4 in a block of short rows), over
+    full chunks, gamma held for the chunk where its registers fit; or None where the row is
+    outside STAGED_ROW_BYTES, its vectors are narrower than 16 bytes (not measured; cp.async
+    also copies 4 and 8), dy and x differ in width (fp32 dy of a bf16 x: the copies take one
+    vector width) or the layout cannot be staged. Measured on the H200 (bwd_parts
+    --dx at the rule's thread counts, bf16, 16384 tokens; bench/results/h200-run27/ and
+    h200-run28/), dx alone against the unstaged rule's: two rows a group at 512-1024, rmsnorm
+    33.5 -> 23.7 us at 512, 55.7 -> 33.8 at 896, 48.2 -> 33.1 at 1024, layernorm 34.2 -> 23.9,
+    54.3 -> 38.8, 51.9 -> 35.2; one row a group above, where two lost at layernorm (2048: 71.3
+    against 78-79; 2560: 95.4 against 116.4), rmsnorm 54.8 -> 47.4 at 1536, 67.4 -> 64.0 at 2048,
+    96.7 -> 80.1 at 2560, 115.9 -> 98.9 at 3584, 128.1 -> 112.9 at 4096, layernorm 55.7 -> 53.3,
+    95.6 -> 71.3, 97.8 -> 95.4, 121.4 -> 120.1, 132.0 -> 124.5; fp32 1024-2048 level to 7%
+    faster. At 128 staging lost: layernorm 117.8 -> 126.8."""
+    row_bytes, stages = hidden * elem_bytes, 2
+    if (cfg.vec * elem_bytes != 16 or not STAGED_ROW_BYTES[0] <= row_bytes <= STAGED_ROW_BYTES[1]
+            or any(_param_bytes(func, name) != elem_bytes for name in ROW_OPERANDS)):
+        return None
+    prefetch = 2 if row_bytes <= STAGED_PAIR_ROW_BYTES else 1
+    limit = fused_register_limit(cfg.threads)
+    if (t % prefetch or stages * prefetch > t
+            or staged_shared_bytes(hidden, elem_bytes, prefetch, stages) > STAGED_SHARED_BYTES
+            or fused_registers(s, per_thread, prefetch, elem_bytes) > limit):
+        return None
+    weights = fused_registers(s, per_thread, prefetch, elem_bytes, weight_bytes=_weight_bytes(func))
+    return dataclasses.replace(cfg, rows=1, prefetch=prefetch, stages=stages, staged=True, full_chunks=1,
+                               chunk_weights=weights <= limit)
+
+
+def _param_bytes(func, name: str) -> int:
+    return next(p for p in func.params if p.name == name).dtype.itemsize
 
 
 def _weight_bytes(func) -> int:
-    return next(p for p in func.params if p.name == "gamma").dtype.itemsize
+    return _param_bytes(func, "gamma")
 
 
 def cpu_row_heuristic(hidden: int, fused: bool = False) -> CpuRowConfig:
