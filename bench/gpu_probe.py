@@ -26,7 +26,7 @@ points of 16-byte vectors with x loaded evict-first (``+stream1``: ld.global.cs,
 torch.compile loads it) and y also stored so (``+stream2``). ``--rows 8,16,32,64`` times instead
 the kept points of rows of at most a warp (16-byte vectors) at those rows per block, with and
 without row guards (+fc), beyond the space's 16. ``--peer-shape`` adds torch.compile's launch
-shape as points of the space (``torch.compile-shape+streamN``, peer_shape), ``--stream-ab 0,1,3``
+shape as points of the space (``torch.compile-shape+streamN``, space.torch_compile_fwd_shapes), ``--stream-ab 0,1,3``
 the committed record with each stream mode (with_stream), ``--stats-ab`` the committed record's
 kernels storing the rows' statistics first and last (_tvm.STATS_FIRST), whole calls in turn.
 Writes probe.json.
@@ -49,7 +49,7 @@ from tvmnorm.runtime import REGISTRY, record_kernel, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
 from tvmnorm._tvm import STREAM_LOADS
 from tvmnorm.sched.rows import warp_sums_problem
-from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants
+from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants, torch_compile_fwd_shapes
 from tvmnorm.shapes import train_rows
 from tvmnorm.tune import load_records
 
@@ -103,26 +103,6 @@ def points(key: NormKey, variants: bool = True) -> dict:
     out.update({f"{name}+unpaired": dataclasses.replace(cfg, paired_cast=False) for name, cfg in list(out.items())
                 if cfg.keep_y and cfg.vec % 2 == 0 and "+fc" not in name and "+ew" not in name})
     return out
-
-
-def peer_shape(key: NormKey) -> dict:
-    """name -> CudaRowConfig: torch.compile's forward launch shape as a point of our space
-    (bench/results/h200-run24/launches.log): from 2048 columns a looped reduction, one row of
-    512 threads a block reading x twice (not kept) in 16-byte vectors; below, a persistent
-    reduction keeping x, one warp a block that holds one row at 896-1024 and two at 512, and at
-    hidden 128 two warps holding eight (1024 elements a block: the rows share its threads). Each
-    with no cache hint, evict-first loads (1) and the L2 evict_last policy (3), its first load's
-    policy at 4096-8192, and torch.compile's pair (4: the reread evict_first)."""
-    base = fwd_cuda_heuristic(key.hidden_size, 2)
-    h = key.hidden_size
-    if h >= 2048:
-        threads, rows = 512, 1
-    else:
-        rows = max(1, min(8, 1024 // h))
-        threads = (64 if h <= 128 else 32) // rows
-    cfg = dataclasses.replace(base, threads=threads, rows=rows, vec=8, keep_row=h < 2048,
-                              keep_y=False, warp_sums=False, early_weights=False)
-    return {f"torch.compile-shape+stream{mode}": dataclasses.replace(cfg, stream=mode) for mode in (0, 1, 3, 4)}
 
 
 def policy_kernels(key: NormKey, policy: str, variants: dict) -> dict:
@@ -226,7 +206,7 @@ def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True
     if sweep:  # only the block heights asked for, after the default rule's point
         todo = todo[:1] + [(name, cfg, 64) for name, cfg in rows_sweep(key, sweep).items()]
     if peer:
-        todo += [(name, cfg, 32) for name, cfg in peer_shape(key).items()]
+        todo += [(name, cfg, 32) for name, cfg in torch_compile_fwd_shapes(key).items()]
     if int32 and todo:  # the default rule's kernel with an int32 row count (compute.symbolic_rows)
         todo.insert(1, ("default-int32", todo[0][1], 32))
     if hints:  # x loaded evict-first (stream 1) and y also stored so (2): the default rule's point

@@ -9,8 +9,6 @@ spaces, population draws, the cost model), the part of tuning that no GPU speeds
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import sys
 import tempfile
 import time
@@ -23,36 +21,21 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=8, help="candidates per task")
     p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32")
     args = p.parse_args(argv)
-    from tvmnorm._tvm import ms
-    from tvmnorm.measure import _Done
-    from tvmnorm.measure import _derived as derived_object
-    from tvmnorm.tune import _search_cores, _tasks, is_default_trace, search_session
-
-    @derived_object
-    class FakeBuilder(ms.builder.PyBuilder):
-        # each artifact in its own fresh directory: MetaSchedule deletes the artifact's directory
-        # after the run
-        def build(self, inputs):
-            return [ms.builder.BuilderResult(os.path.join(tempfile.mkdtemp(prefix="tvmnorm-fake-"), "c.so"), None)
-                    for _ in inputs]
-
-    @derived_object
-    class FakeRunner(ms.runner.PyRunner):
-        def run(self, inputs):
-            return [_Done(ms.runner.RunnerResult([random.uniform(1e-4, 2e-4)], None)) for _ in inputs]
+    from tvmnorm.measure import RandomTimeRunner, SearchOnlyBuilder
+    from tvmnorm.tune import _search_cores, _tasks, search_session
 
     keys = keys_from_args(args)
     chunks = [int(c) for c in args.chunk_rows.split(",")] if args.chunk_rows else None
     funcs, owner = _tasks(keys, "cuda", None, chunks)
     with tempfile.TemporaryDirectory(prefix="tvmnorm-search-") as work:
         t0 = time.time()
-        _, db = search_session(keys, funcs, owner, "cuda", args.trials, work, FakeBuilder(), FakeRunner())
+        seeds, db = search_session(keys, funcs, owner, "cuda", args.trials, work, SearchOnlyBuilder(),
+                                   RandomTimeRunner())
         wall = time.time() - t0
-        traces = [r.trace for r in db.get_all_tuning_records()]
-        defaults = sum(map(is_default_trace, traces))
-    print(f"{len(keys)} keys, {len(funcs)} tasks, {len(traces) - defaults} candidates (and {defaults} default "
-          f"schedules), {args.trials} trials per task: {wall:.1f} s, {wall / len(keys):.1f} s per key, "
-          f"{_search_cores('cuda')} cores")
+        traces = len(db.get_all_tuning_records())
+    print(f"{len(keys)} keys, {len(funcs)} tasks, {traces - seeds} candidates (and {seeds} seeds: default schedules, "
+          f"committed records, torch.compile's shapes), {args.trials} trials per task: {wall:.1f} s, "
+          f"{wall / len(keys):.1f} s per key, {_search_cores('cuda')} cores")
     return 0
 
 

@@ -1019,13 +1019,18 @@ def test_sass_counts_reads_registers_and_spills_from_ptxas(tmp_path, bench_scrip
 
 
 @pytest.mark.parametrize("hidden,block,rows", [(128, 64, 8), (512, 32, 2), (1024, 32, 1), (7168, 512, 1)])
-def test_probe_peer_shape_is_torch_compiles_launch(hidden, block, rows, bench_script):
-    """bench/gpu_probe.py --peer-shape: torch.compile's forward launch (threads a block, rows a
-    block: bench/results/h200-run24/launches.log) as a point of the space, x kept below 2048
-    columns, each stream mode; every point compiles to a kernel of that block."""
-    probe = bench_script("gpu_probe")
+def test_torch_compile_fwd_shapes_are_its_launch(hidden, block, rows):
+    """space.torch_compile_fwd_shapes (seeds of the forward tune, bench/gpu_probe.py
+    --peer-shape): torch.compile's forward launch (threads a block, rows a block:
+    bench/results/h200-run24/launches.log) as a point of the space, x kept below 2048 columns,
+    each stream mode; every point compiles to a kernel of that block. None for fp32 or fp8
+    output, or the backward."""
+    from tvmnorm.sched.space import torch_compile_fwd_shapes
     key = NormKey(hidden_size=hidden)
-    points = probe.peer_shape(key)
+    points = torch_compile_fwd_shapes(key)
+    assert not any(torch_compile_fwd_shapes(k) for k in (
+        NormKey(hidden_size=hidden, itype="fp32", wtype="fp32", otype="fp32"),
+        NormKey(hidden_size=hidden, otype="fp8e4m3"), NormKey(stage="bwd", hidden_size=hidden)))
     assert {cfg.stream for cfg in points.values()} == {0, 1, 3, 4}
     cfg = points["torch.compile-shape+stream0"]
     assert (cfg.threads * cfg.rows, cfg.rows, cfg.keep_row) == (block, rows, hidden < 2048)

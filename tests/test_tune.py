@@ -225,7 +225,7 @@ def test_a_retune_measures_the_committed_record_beside_the_default(tmp_path):
     db = ms.database.JSONDatabase(work_dir=str(tmp_path))
     runner = InProcessRunner("llvm")
     assert seed_candidates(db, funcs, owner, "llvm", InProcessBuilder("llvm", workers=1), runner,
-                           committed) == (2, 1)
+                           committed) == (2, 1, 0)
     assert runner.measured == 3
     top = db.get_top_k(db.commit_workload(IRModule({"main": funcs[f"{fwd.name}_fwd"]})), 10)
     assert sorted(is_default_trace(r.trace) for r in top) == [False, True]
@@ -233,7 +233,33 @@ def test_a_retune_measures_the_committed_record_beside_the_default(tmp_path):
     assert [int(d) for d in replayed.decisions.values()] == [int(d) for d in sampled.trace.decisions.values()]
     # a resumed session (the tasks have candidates) measures nothing again
     assert seed_candidates(db, funcs, owner, "llvm", InProcessBuilder("llvm", workers=1), runner,
-                           committed) == (0, 0)
+                           committed) == (0, 0, 0)
+
+
+def test_a_cuda_forward_tune_measures_torch_compiles_launch_shapes(tmp_path):
+    """seed_candidates also measures a CUDA forward task at torch.compile's launch shape, each
+    stream mode (space.torch_compile_fwd_shapes): the search had not taken that point at hidden
+    512, where it ran 4-10% faster than the records in a probe. Their traces replay on the
+    symbolic-row kernel as a record (here with a builder and runner that compile and time
+    nothing: no GPU); the backward gets none."""
+    from tvmnorm._tvm import IRModule, ms
+    from tvmnorm.measure import RandomTimeRunner, SearchOnlyBuilder
+    from tvmnorm.sched.space import torch_compile_fwd_shapes
+    from tvmnorm.tune import _tasks, record_trace, seed_candidates
+
+    fwd, bwd = NormKey(hidden_size=512), NormKey(stage="bwd", hidden_size=512)
+    funcs, owner = _tasks([fwd, bwd], "cuda", 256, chunks=[32])
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert seed_candidates(db, funcs, owner, "cuda", SearchOnlyBuilder(), RandomTimeRunner()) == (len(funcs), 0, 4)
+    top = db.get_top_k(db.commit_workload(IRModule({"main": funcs[f"{fwd.name}_fwd"]})), 10)
+    assert len(top) == 5
+    shapes = torch_compile_fwd_shapes(fwd).values()
+    launches = set()
+    for rec in top:
+        src = compile_funcs(scheduled_funcs(fwd, "cuda", {"parts": {"fwd": record_trace(rec.trace)}}), "cuda") \
+            .mod.imports[0].inspect_source()
+        launches.add(re.search(r"__launch_bounds__\((\d+)", src).group(1))
+    assert str(next(iter(shapes)).threads * next(iter(shapes)).rows) in launches and len(launches) == 2
 
 
 def test_cuda_runner_times_single_cold_calls():

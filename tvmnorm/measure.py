@@ -16,6 +16,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import pathlib
+import random
 import tempfile
 
 import numpy as np
@@ -124,6 +125,24 @@ class _Done(ms.runner.PyRunnerFuture):
 
     def result(self):
         return self._result
+
+
+@_derived
+class SearchOnlyBuilder(ms.builder.PyBuilder):
+    """Builds nothing: an empty artifact for each candidate, each in a fresh directory of its
+    own (MetaSchedule deletes the artifact's directory after the run). With RandomTimeRunner it
+    runs the search alone, on a machine without a GPU (scripts/search_overhead.py, tests)."""
+
+    def build(self, inputs):
+        return [ms.builder.BuilderResult(_candidate_path(), None) for _ in inputs]
+
+
+@_derived
+class RandomTimeRunner(ms.runner.PyRunner):
+    """Times nothing: each candidate takes a random 100-200 us."""
+
+    def run(self, inputs):
+        return [_Done(ms.runner.RunnerResult([random.uniform(1e-4, 2e-4)], None)) for _ in inputs]
 
 
 def _random(shape, dtype: str, kind: str):

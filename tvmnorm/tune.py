@@ -124,11 +124,12 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
                                                   postprocs=_postprocs(kind), mutator_probs={})
               for task in funcs}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    seeded, kept = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
+    seeded, kept, peers = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
     print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
-          + (f", and {kept} committed records" if kept else ""), file=sys.stderr)
+          + (f", and {kept} committed records" if kept else "")
+          + (f", and {peers} of torch.compile's launch shapes" if peers else ""), file=sys.stderr)
     with without_tensor_intrinsics():
-        return seeded + kept, ms.tune_tir(
+        return seeded + kept + peers, ms.tune_tir(
             IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
             max_trials_per_task=trials, num_trials_per_iter=min(trials, 16), database=db,
             space="post-order-apply", special_space=spaces, builder=builder, runner=runner,
@@ -278,9 +279,10 @@ def default_trace(func, key: NormKey, part: str, kind: str):
 
 
 def seed_candidates(db, funcs, owner, kind: str, builder, runner, committed=None) -> tuple:
-    """Measure every task's default schedule (the fallback rule at the task's row count and T)
-    and, where ``committed`` (packed key -> record, e.g. schedules/) holds a record for the
-    task's key and T, that record's trace, and commit each to ``db`` as one more candidate. A
+    """Measure every task's default schedule (the fallback rule at the task's row count and T),
+    where ``committed`` (packed key -> record, e.g. schedules/) holds a record for the task's
+    key and T, that record's trace, and for a CUDA forward torch.compile's launch shape
+    (space.torch_compile_fwd_shapes), and commit each to ``db`` as one more candidate. A
     task's best record is then never one that measured slower than the default or than the
     record it replaces, in the same session's measurements:
     - without the default, 14 of the 120 catalog keys' tuned records lost to the default in the
@@ -288,12 +290,17 @@ def seed_candidates(db, funcs, owner, kind: str, builder, runner, committed=None
     - a retune (more trials, or a new measurement, as tune_rows changed in the fifth lease)
       starts from a fresh database, and its sampled winner may be a point the old search
       measured slower, picked on noise.
+    - the forward search did not take torch.compile's launch shape at hidden 512, which ran
+      4-10% faster than the records there in a probe (bench/results/h200-run27/probe.log).
     The default's trace replays on the symbolic-row kernel like a sampled one: a record holding
-    it builds the default kernel. A committed trace that no longer applies (an older design
-    space) is skipped. Tasks that already have candidates (a resumed run) are skipped.
-    Returns (tasks whose default was measured, committed records measured)."""
+    it builds the default kernel (so does one holding a peer's shape). A committed trace that
+    no longer applies (an older design space) is skipped. Tasks that already have candidates
+    (a resumed run) are skipped. Returns (tasks whose default was measured, committed records
+    measured, peer shapes measured)."""
     from ._tvm import IRModule, Schedule, Trace, ms, target
     from .sched.default import default_schedule
+    from .sched.rows import schedule_rows_cuda
+    from .sched.space import torch_compile_fwd_shapes
     tgt = target(target_spec(kind))
     todo = []
     for task, func in funcs.items():
@@ -301,7 +308,9 @@ def seed_candidates(db, funcs, owner, kind: str, builder, runner, committed=None
         if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
             continue
         key, part, _, chunk = owner[task]
-        todo.append((mod, default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func, False))
+        todo.append((mod, default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func, "default"))
+        if kind == "cuda" and part == "fwd":
+            todo += [(mod, schedule_rows_cuda(func, cfg), func, "peer") for cfg in torch_compile_fwd_shapes(key).values()]
         rec = (committed or {}).get(key.pack()) or {}
         trace = rec.get("parts", {}).get(part)
         if trace is not None and rec.get("rows_per_partial") == chunk:
@@ -310,19 +319,19 @@ def seed_candidates(db, funcs, owner, kind: str, builder, runner, committed=None
                 Trace.apply_json_to_schedule(trace, sch)
             except Exception:  # noqa: BLE001 - a record of an older space: the search replaces it
                 continue
-            todo.append((mod, sch, func, True))
+            todo.append((mod, sch, func, "committed"))
+    seeded = {"default": 0, "committed": 0, "peer": 0}
     if not todo:
-        return 0, 0
-    seeded = {False: 0, True: 0}
+        return tuple(seeded.values())
     measured = measure_schedules([(sch, func) for _, sch, func, _ in todo], kind, builder, runner)
-    for (mod, sch, func, was_committed), (secs, _) in zip(todo, measured):
+    for (mod, sch, func, origin), (secs, _) in zip(todo, measured):
         if secs is None:  # the search still runs; the error is in the builder's or runner's list
             continue
         db.commit_tuning_record(ms.database.TuningRecord(
             sch.trace, db.commit_workload(mod), run_secs=secs, target=tgt,
             args_info=ms.arg_info.ArgInfo.from_prim_func(func)))
-        seeded[was_committed] += 1
-    return seeded[False], seeded[True]
+        seeded[origin] += 1
+    return tuple(seeded.values())
 
 
 def _search(points: int = 256):

@@ -315,6 +315,34 @@ EARLY_WEIGHTS_THREADS = 64
 FWD_KEPT_VECTORS = 8
 
 
+# Widths below which torch.compile's forward keeps x (a persistent reduction) and its launch
+# shape is a seed of the forward tune (torch_compile_fwd_shapes); from 2048 columns it loops,
+# reads x twice, and its shape lost to the records (rmsnorm 4096: 75.7-88.9 against 71.1 us,
+# bench/results/h200-run25/).
+TORCH_COMPILE_KEPT_BELOW = 2048
+
+
+def torch_compile_fwd_shapes(key: NormKey) -> dict:
+    """name -> CudaRowConfig: torch.compile's forward launch shape as points of our space
+    (bench/results/h200-run24/launches.log), for 2-byte rows split in 16-byte vectors: from 2048
+    columns a looped reduction, one row of 512 threads a block reading x twice (not kept);
+    below, a persistent reduction keeping x, one warp a block that holds one row at 896-1024 and
+    two at 512, and at hidden 128 two warps holding eight (1024 elements a block: the rows share
+    its threads). Each with no cache hint, evict-first loads (1), the L2 evict_last policy (3)
+    and torch.compile's pair (4: the reread evict_first). Empty for other keys (fp8 output:
+    torch.compile's launch of it was not read)."""
+    h = key.hidden_size
+    if DTYPE_BYTES[key.itype] != 2 or h % 8 or key.stage != "fwd" or key.otype.startswith("fp8"):
+        return {}
+    if h >= TORCH_COMPILE_KEPT_BELOW:
+        threads, rows = 512, 1
+    else:
+        rows = max(1, min(8, 1024 // h))
+        threads = (64 if h <= 128 else 32) // rows
+    cfg = CudaRowConfig(threads=threads, rows=rows, vec=8, unroll=256, keep_row=h < TORCH_COMPILE_KEPT_BELOW)
+    return {f"torch.compile-shape+stream{mode}": dataclasses.replace(cfg, stream=mode) for mode in (0, 1, 3, 4)}
+
+
 def fwd_kept_variants(key: NormKey) -> list:
     """(threads, vec, keep_y, warp_sums, early_weights) of the forward that keeps its row of x in registers:
     the two widest vector widths, and thread counts that give every thread 1 to
