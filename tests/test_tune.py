@@ -260,6 +260,12 @@ def test_a_cuda_forward_tune_measures_torch_compiles_launch_shapes(tmp_path):
             .mod.imports[0].inspect_source()
         launches.add(re.search(r"__launch_bounds__\((\d+)", src).group(1))
     assert str(next(iter(shapes)).threads * next(iter(shapes)).rows) in launches and len(launches) == 2
+    # an interrupted run's recovery counts candidates drawn from the space: the seeds are none
+    from tvmnorm._tvm import target
+    from tvmnorm.targets import target_spec
+    from tvmnorm.tune import _best_records
+    fwd_task = {f"{fwd.name}_fwd": funcs[f"{fwd.name}_fwd"]}
+    assert _best_records(db, fwd_task, owner, target(target_spec("cuda")), 32, need=1) == {}
 
 
 def test_cuda_runner_times_single_cold_calls():

@@ -378,9 +378,10 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
         key, part, rows, chunk = owner[task]
         mod = IRModule({"main": func})
         default = default_trace(func, key, part, tgt.kind.name)
-        if need:  # the task's measured candidates from the space, counted once (not the default)
+        if need:  # the task's measured candidates from the space, counted once: not the default
+            # or torch.compile's shapes (seed_candidates), traces that sample nothing
             top = db.get_top_k(db.commit_workload(mod), 1 << 20) if db.has_workload(mod) else []
-            n = sum(not is_default_trace(r.trace, default) for r in top)
+            n = sum(not is_default_trace(r.trace) for r in top)
             if n < need:
                 short.add(key.pack())
                 continue
