@@ -10,9 +10,8 @@ import dataclasses
 
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
-from .rows import (ROW_OPERANDS, STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu,
-                   schedule_rows_cuda, staged_shared_bytes)
-from .space import fused_register_limit, fused_registers
+from .rows import ROW_OPERANDS, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
+from .space import fused_register_limit, fused_registers, staged_fits
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -163,9 +162,7 @@ def _staged_dx(cfg: CudaRowConfig, func, hidden: int, elem_bytes: int, s: int, t
         return None
     prefetch = 2 if row_bytes <= STAGED_PAIR_ROW_BYTES else 1
     limit = fused_register_limit(cfg.threads)
-    if (t % prefetch or stages * prefetch > t
-            or staged_shared_bytes(hidden, elem_bytes, prefetch, stages) > STAGED_SHARED_BYTES
-            or fused_registers(s, per_thread, prefetch, elem_bytes) > limit):
+    if not staged_fits(s, hidden, elem_bytes, per_thread, limit, prefetch, stages, (t,)):
         return None
     weights = fused_registers(s, per_thread, prefetch, elem_bytes, weight_bytes=_weight_bytes(func))
     return dataclasses.replace(cfg, rows=1, prefetch=prefetch, stages=stages, staged=True, full_chunks=1,

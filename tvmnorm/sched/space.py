@@ -276,6 +276,17 @@ STAGED_STAGES = (2,)
 STAGED_PREFETCH = (1, 2)
 
 
+def staged_fits(s: int, hidden: int, elem_bytes: int, per_thread: int, limit: int, prefetch: int, stages: int,
+                chunk_rows) -> bool:
+    """Whether a staged dx of ``stages`` groups of ``prefetch`` rows fits: every chunk of
+    ``chunk_rows`` (the sizes T it may get) splits into such groups, a block's static shared
+    memory holds the groups in flight (STAGED_SHARED_BYTES), and ``limit`` registers hold the S
+    sums and one group (the space's variants and the default rule's alike)."""
+    return (all(t % prefetch == 0 and stages * prefetch <= t for t in chunk_rows)
+            and staged_shared_bytes(hidden, elem_bytes, prefetch, stages) <= STAGED_SHARED_BYTES
+            and fused_registers(s, per_thread, prefetch, elem_bytes) <= limit)
+
+
 def staged_cuda_variants(key: NormKey) -> list:
     """The staged fused variants, (threads, vec, prefetch, STAGES, chunk_weights, True): the
     unstaged variants' vector widths whose vectors cp.async copies (4, 8 or 16 bytes) and thread
@@ -291,9 +302,7 @@ def staged_cuda_variants(key: NormKey) -> list:
             continue
         for prefetch in STAGED_PREFETCH:
             for stages in STAGED_STAGES:
-                if (any(t % prefetch for t in CUDA_CHUNK_ROWS) or stages * prefetch > min(CUDA_CHUNK_ROWS)
-                        or staged_shared_bytes(h, size, prefetch, stages) > STAGED_SHARED_BYTES
-                        or fused_registers(s, per_thread, prefetch, size) > limit):
+                if not staged_fits(s, h, size, per_thread, limit, prefetch, stages, CUDA_CHUNK_ROWS):
                     continue
                 out.append((threads, vec, prefetch, stages, False, True))
                 if fused_registers(s, per_thread, prefetch, size, 1, weight_bytes) <= limit:
