@@ -122,6 +122,15 @@ def kernels():
 # inputs and calls
 
 
+def generated_cuda(funcs: dict) -> str:
+    """The CUDA C that TVM generates for ``funcs`` (name -> scheduled PrimFunc), compiled the
+    way the library compiles them: what the structural (no-GPU) checks of codegen read."""
+    from tvmnorm.build import compile_funcs
+    ex = compile_funcs(funcs, "cuda")
+    assert [m.kind for m in ex.mod.imports] == ["cuda"]
+    return ex.mod.imports[0].inspect_source()
+
+
 def tensor(values: np.ndarray, dtype: str, device="cpu") -> torch.Tensor:
     """float64 values -> a contiguous tensor of ``dtype`` (rounded once). Copied into a fresh
     tensor: torch.from_numpy gives an empty array strides (0, 0), which TVM rejects as not compact."""

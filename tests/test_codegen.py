@@ -6,17 +6,16 @@ import dataclasses
 import re
 
 import pytest
+from conftest import generated_cuda
 
 from tvmnorm import NormKey
-from tvmnorm.build import compile_funcs, scheduled_funcs
+from tvmnorm.build import scheduled_funcs
 
 
 def cuda_source(key: NormKey, row_config=None, group_rows: int = 1) -> str:
     """The key's CUDA source; ``row_config`` schedules its row kernel (a point of the space),
     ``group_rows`` is its dx kernel's rows per row reduction."""
-    ex = compile_funcs(scheduled_funcs(key, "cuda", row_config=row_config, group_rows=group_rows), "cuda")
-    assert [m.kind for m in ex.mod.imports] == ["cuda"]
-    return ex.mod.imports[0].inspect_source()
+    return generated_cuda(scheduled_funcs(key, "cuda", row_config=row_config, group_rows=group_rows))
 
 
 def kernel(src: str, part: str) -> str:
@@ -106,9 +105,7 @@ def test_finalize_split_variants_compile(columns, lanes, unroll):
     from tvmnorm.sched.default import _cuda_finalize
     func = finalize(NormKey(norm="layernorm", stage="bwd", hidden_size=1000), "cuda", "f")
     sch = _cuda_finalize(func, columns, lanes, unroll)
-    ex = compile_funcs({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)},
-                       "cuda")
-    src = ex.mod.imports[0].inspect_source()
+    src = generated_cuda({"f": sch.mod["main"].with_attr("global_symbol", "f").with_attr("tirx.is_scheduled", True)})
     bounds = re.findall(r"__global__ void __launch_bounds__\((\d+)\) \w+\([^)]*\) \{", src)
     assert bounds == [str(columns * lanes)]  # one kernel writes dgamma and dbeta
     assert "threadIdx.y" in src and "atomic" not in src
@@ -138,7 +135,7 @@ def fp8_fwd_source(norm, hidden, cfg, fold: bool) -> str:
     funcs = scheduled_funcs(NormKey(norm=norm, hidden_size=hidden, otype="fp8e4m3"), "cuda", row_config=cfg,
                             parts=("fwd",))
     funcs = {n: f.with_attr(AMAX_FOLD, 1) if fold else f.without_attr(AMAX_FOLD) for n, f in funcs.items()}
-    return compile_funcs(funcs, "cuda").mod.imports[0].inspect_source()
+    return generated_cuda(funcs)
 
 
 FP8_ROW_POINTS = [(128, 8, 16, 8, False), (128, 4, 32, 8, True), (1000, 64, 4, 4, False), (4096, 256, 2, 8, True)]
@@ -361,7 +358,7 @@ def test_tuning_candidates_walk_whole_chunks_as_the_library_does(norm, hidden, t
     rows = tune_rows(key, "cuda")
     sch = schedule_rows_cuda(tuning_func(key, "dx", rows, "cuda"), cfg)
     funcs = {"cand_dx": sch.mod["main"].with_attr("global_symbol", "cand_dx").with_attr("tirx.is_scheduled", True)}
-    body = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "dx")
+    body = kernel(generated_cuda(funcs), "dx")
     walks = re.findall(r"for \(int(?:64_t)? \w+ = ", body)
     assert len(walks) == 2, f"{len(walks)} copies of the walk"
     # the test of the chunk's last row (which TVM's simplifier may fold into a bound on blockIdx)
@@ -411,7 +408,7 @@ def test_min_blocks_decision_replays_on_both_index_widths():
               and inst[2][0] == [b for b in MIN_BLOCKS if b <= len(inst[2][0])]]
     assert len(choice) == 1, "one min_blocks decision per fused variant"
     decisions = [d for d in decisions if d[0] != choice[0]] + [[choice[0], 1]]  # MIN_BLOCKS[1] == 2
-    src = compile_funcs(key_funcs(key, "cuda", {"parts": {"dx": [insts, decisions]}}), "cuda").mod.imports[0].inspect_source()
+    src = generated_cuda(key_funcs(key, "cuda", {"parts": {"dx": [insts, decisions]}}))
     for part in ("dx", "narrow_dx"):
         assert re.search(rf"__global__ void __launch_bounds__\(\d+, 2\) {key.name}_{part}_kernel\(", src), part
 
@@ -712,7 +709,7 @@ def test_cp_async_takes_int64_offsets_in_int64_kernels():
     from tvmnorm._tvm import _cp_async_wide_offsets
     key = NormKey(stage="bwd", hidden_size=4096)
     wide = cuda_source(key)
-    narrow = compile_funcs(scheduled_funcs(key, "cuda", row_bits=32), "cuda").mod.imports[0].inspect_source()
+    narrow = generated_cuda(scheduled_funcs(key, "cuda", row_bits=32))
     for src in (wide, narrow):
         helpers = re.findall(r"(?:template <typename SrcOff> )?__forceinline__ __device__ void ptx_cp_async\w*\([^)]*\)", src)
         assert helpers and all(h.startswith("template <typename SrcOff>") and h.endswith("SrcOff src_off)")
@@ -808,13 +805,13 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
     NarrowDataType (the kernel the tuner measured), and with int64 under <key>_<part>, for calls
     past int32 offsets. A committed record replays on both; a tuned forward's small-call kernel
     and a backward's dx at shorter chunks and its decode backward are int32 too."""
-    from tvmnorm.build import compile_funcs, decode_parts, key_funcs
+    from tvmnorm.build import decode_parts, key_funcs
     from tvmnorm.tune import load_records
     record = load_records("cuda").get(key.pack()) if tuned else None
     if tuned:
         assert record, f"no committed record for {key.name}"
     part = "fwd" if key.stage == "fwd" else "dx"
-    src = compile_funcs(key_funcs(key, "cuda", record), "cuda").mod.imports[0].inspect_source()
+    src = generated_cuda(key_funcs(key, "cuda", record))
 
     def body(symbol):
         start = re.search(rf"__global__ void (__launch_bounds__\(\d+(, \d+)?\) )?{symbol}_kernel\([^)]*\) {{", src)
@@ -945,7 +942,7 @@ def test_full_chunks_and_stream_build_at_every_width(key, hidden):
     cfg = dataclasses.replace(base, rows=max(2, base.rows) if part == "fwd" and base.threads <= 512 else base.rows,
                               full_chunks=1, stream=2)
     for bits in (64, 32):
-        src = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=bits, parts=[part]), "cuda").mod.imports[0].inspect_source()
+        src = generated_cuda(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=bits, parts=[part]))
         assert f"_{part}_kernel" in src
         assert ("ld.global.cs" in src) == (hidden % 4 == 0 and hidden >= 4)
 
@@ -983,7 +980,7 @@ def test_probe_swaps_a_records_stream_decision(bench_script):
     bodies = {}
     for mode in (0, 1, 3):
         funcs = scheduled_funcs(key, "cuda", probe.with_stream(record, mode), parts=["fwd"])
-        bodies[mode] = kernel(compile_funcs(funcs, "cuda").mod.imports[0].inspect_source(), "fwd")
+        bodies[mode] = kernel(generated_cuda(funcs), "fwd")
     assert "ptx_" not in bodies[0]
     assert "ld_vec_global_cs" in bodies[1] and "cache_hint" not in bodies[1]
     assert "ld_vec_global_L2__cache_hint" in bodies[3] and "global_cs" not in bodies[3]
@@ -1034,8 +1031,7 @@ def test_torch_compile_fwd_shapes_are_its_launch(hidden, block, rows):
     assert {cfg.stream for cfg in points.values()} == {0, 1, 3, 4}
     cfg = points["torch.compile-shape+stream0"]
     assert (cfg.threads * cfg.rows, cfg.rows, cfg.keep_row) == (block, rows, hidden < 2048)
-    src = compile_funcs(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=32, parts=["fwd"]),
-                        "cuda").mod.imports[0].inspect_source()
+    src = generated_cuda(scheduled_funcs(key, "cuda", row_config=cfg, row_bits=32, parts=["fwd"]))
     assert f"__launch_bounds__({block})" in src
 
 

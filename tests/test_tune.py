@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from conftest import call, check_outputs, make_inputs
+from conftest import call, check_outputs, generated_cuda, make_inputs
 from tvmnorm import NormKey
 from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
@@ -256,8 +256,7 @@ def test_a_cuda_forward_tune_measures_torch_compiles_launch_shapes(tmp_path):
     shapes = torch_compile_fwd_shapes(fwd).values()
     launches = set()
     for rec in top:
-        src = compile_funcs(scheduled_funcs(fwd, "cuda", {"parts": {"fwd": record_trace(rec.trace)}}), "cuda") \
-            .mod.imports[0].inspect_source()
+        src = generated_cuda(scheduled_funcs(fwd, "cuda", {"parts": {"fwd": record_trace(rec.trace)}}))
         launches.add(re.search(r"__launch_bounds__\((\d+)", src).group(1))
     assert str(next(iter(shapes)).threads * next(iter(shapes)).rows) in launches and len(launches) == 2
     # an interrupted run's recovery counts candidates drawn from the space: the seeds are none
@@ -787,7 +786,7 @@ def test_staged_variants_replay_on_symbolic_rows():
                                                                                  default=lambda o: o.value))}}
         funcs = scheduled_funcs(key, "cuda", record, parts=("dx",))
         funcs.update(scheduled_funcs(key, "cuda", record, row_bits=32, parts=("dx",), prefix=narrow_prefix(key)))
-        assert compile_funcs(funcs, "cuda").mod.imports[0].inspect_source().count("ptx_cp_async_legacy") > 2
+        assert generated_cuda(funcs).count("ptx_cp_async_legacy") > 2
 
 
 def test_fused_space_samples_only_valid_block_sizes():
