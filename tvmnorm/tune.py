@@ -355,10 +355,11 @@ def _search(points: int = 256):
 # made the candidate's score, so one boosting round moves a kernel of ~15 blocks (loads, stats,
 # dx, partials, finalize) about 15 steps at once. Trained on half of each task of the H200's
 # tuning databases and asked to rank the other half, 0.2 ranked the backward's candidates
-# backwards (rank correlation -0.54 and -0.45 over the 8 and 26 tasks of two leases, its top 8
-# missing the best by 16-24%) and the forward's at random (-0.06); 0.05 ranked them the right way
-# round (0.58, 0.71; forward 0.58) with the best, or within 1% of it, in its top 8 (0.1: 0.60,
-# 0.70, 0.60). tests/test_tune.py::test_the_cost_model_ranks_held_out_h200_candidates
+# backwards (rank correlation -0.54, -0.45 and -0.57 over the 8, 26 and 24 tasks of three
+# leases, the best of its top 8 13-32% slower than the best) and the forward's at random (-0.06,
+# -0.08 over two leases); 0.05 ranked them the right way round (0.58, 0.71, 0.68; forward 0.58,
+# 0.58) with the best, or within 1% of it, in its top 8 (0.1: 0.60, 0.70, -, 0.60, -).
+# tests/test_tune.py::test_the_cost_model_ranks_held_out_h200_candidates
 COST_MODEL_ETA = 0.05
 
 
