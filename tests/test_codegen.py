@@ -690,7 +690,7 @@ def test_default_dx_stages_rows_of_1_to_8_kb(norm, dtype, hidden, prefetch):
     from tvmnorm.key import DTYPE_BYTES
     from tvmnorm.sched.default import fused_cuda_heuristic
     from tvmnorm.sched.rows import STAGED_SHARED_BYTES, staged_shared_bytes
-    itype, wtype, otype = (dtype.split("/") * 3)[:3] if "/" in dtype else (dtype,) * 3
+    itype, wtype, otype = (dtype.split("/") * 3)[:3]  # "bf16" is bf16/bf16/bf16
     key = NormKey(norm=norm, stage="bwd", hidden_size=hidden, itype=itype, wtype=wtype, otype=otype)
     size = DTYPE_BYTES[itype]
     cfg = fused_cuda_heuristic(kernel_funcs(key, "cuda")["dx"], hidden, size)

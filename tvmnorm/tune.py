@@ -391,7 +391,6 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     for task, func in funcs.items():
         key, part, rows, chunk = owner[task]
         mod = IRModule({"main": func})
-        default = default_trace(func, key, part, tgt.kind.name)
         if need:  # the task's measured candidates from the space, counted once: not the default
             # or torch.compile's shapes (seed_candidates), traces that sample nothing
             top = db.get_top_k(db.commit_workload(mod), 1 << 20) if db.has_workload(mod) else []
@@ -416,7 +415,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
             continue  # another chunk size of this part measured faster
         r["parts"][part] = record_trace(rec.trace)
         r["run_us"][part] = us
-        defaults[key.pack(), part] = is_default_trace(rec.trace, default)
+        defaults[key.pack(), part] = is_default_trace(rec.trace, default_trace(func, key, part, tgt.kind.name))
         if chunk is not None:
             r["rows_per_partial"] = chunk
     for k, r in records.items():  # parts where no sampled candidate beat the default (seed_candidates)
