@@ -969,6 +969,36 @@ def test_stream_4_reads_a_row_evict_last_until_its_last_read(key, cfg, want):
     assert not re.findall(r"= \*\(\w+\*\)\((x|dy|dz)_ptr", body), "a row loaded without a hint"
 
 
+@pytest.mark.parametrize("stream,hint", [(1, "tvm_builtin_ptx_ld_vec_global_cs"),
+                                         (3, "tvm_builtin_ptx_ld_vec_global_L2__cache_hint")])
+@pytest.mark.parametrize("key,cfg", [
+    (NormKey(hidden_size=7168), dict(threads=512, vec=8)),
+    (NormKey(norm="layernorm", hidden_size=128), dict(threads=16, rows=8, vec=8, keep_row=True, full_chunks=1)),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=8192), dict(threads=512, vec=4, prefetch=2, full_chunks=1))],
+    ids=lambda v: getattr(v, "name", None) or str(v))
+def test_the_tuner_times_a_candidate_with_its_stream_hints(key, cfg, stream, hint):
+    """The static-row kernel MetaSchedule builds and times (tune.tuning_func, the row count a
+    constant) loads every row with the cache hint of its stream mode, as the library's
+    symbolic-row kernel of the same point does (the two version their walks apart, so the
+    counts differ), and its weights without: until the thirtieth lease a candidate carried no
+    hint, so the search timed every stream mode as 0."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.build import _kernel
+    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+    from tvmnorm.tune import tune_rows, tuning_func
+    part = "fwd" if key.stage == "fwd" else "dx"
+    point = CudaRowConfig(stream=stream, **cfg)
+    library = kernel(cuda_source(key, row_config=point), part)
+    func = tuning_func(key, part, tune_rows(key, "cuda"), "cuda")
+    sch = schedule_rows_cuda(func, point, sch=Schedule(func))
+    candidate = kernel(generated_cuda(_kernel(sch, func.with_attr("global_symbol", f"tuned_{part}"))), part)
+    for body in (candidate, library):
+        assert body.count(hint) == len(re.findall(r"\b(x|dy)_ptr\[", body)) > 0, "a row loaded without the hint"
+    assert len(re.findall(r"\(gamma_ptr", candidate)) == len(re.findall(r"\(gamma_ptr", library)) > 0
+    assert hint not in generated_cuda(_kernel(schedule_rows_cuda(func, CudaRowConfig(**cfg), sch=Schedule(func)),
+                                              func.with_attr("global_symbol", f"plain_{part}")))
+
+
 def test_probe_swaps_a_records_stream_decision(bench_script):
     """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
     each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
