@@ -102,6 +102,23 @@ def test_search_overhead_runs_the_search_without_a_gpu():
         r.stdout[-500:]
 
 
+def test_search_quality_lines_up_the_tasks_of_two_runs():
+    """scripts/search_quality.py names each task of a committed database from its arguments
+    (norm, stage, hidden, the dx's T) and lines the same task up across runs: rmsnorm dx 5120 of
+    the twenty-ninth lease (eta 0.2) beside the thirtieth's (eta 0.05)."""
+    runs = os.path.join(os.path.dirname(__file__), "..", "tuning_logs", "cuda-sm_90")
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "search_quality.py")
+    r = subprocess.run([sys.executable, script, os.path.join(runs, "run-2026-12-02-l29-rms"),
+                        os.path.join(runs, "run-2026-12-02-l30-bwd")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    names = [ln for ln in r.stdout.splitlines() if not ln.startswith(" ")]
+    assert names == sorted(f"{norm} dx h{h} T{t}" for norm, hs in (("rmsnorm", (3584, 4096, 5120, 8192)),
+                                                                    ("layernorm", (3584, 4096)))
+                           for h in hs for t in (32, 64)), names
+    block = r.stdout.split("rmsnorm dx h5120 T32\n")[1].split("\n")[:2]
+    assert "l29-rms" in block[0] and "l30-bwd" in block[1] and all("n= 4" in ln for ln in block), block
+
+
 def test_build_refuses_fewer_than_one_job(tmp_path):
     res = subprocess.run([sys.executable, "-m", "tvmnorm", *BUILD, "--out", str(tmp_path / "lib"), "--jobs", "0"],
                          capture_output=True, text=True, timeout=600)
