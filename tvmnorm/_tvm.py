@@ -191,6 +191,8 @@ def _conjuncts(cond) -> list:
 # library then ran (layernorm bwd 7168, T = 64: 272 us as a candidate with no spills; 379 us
 # in the library, whose two copies spill under the point's register cap).
 STATIC_ROWS_ATTR = "tvmnorm.static_rows"
+# ...and the names of its row operands (its arguments whose extent is the row count's): _row_buffers
+ROW_OPERANDS_ATTR = "tvmnorm.row_operands"
 
 
 def _same_count(a, b) -> bool:
@@ -402,18 +404,18 @@ def _stream_loads(func, _mod, _ctx):
 def _row_buffers(func, body) -> list:
     """The global buffers ``body`` accesses that hold rows. A row operand's extent depends on the
     row count and a weight's does not: in the library's kernels the count is a free variable; a
-    tuning candidate's is a constant (STATIC_ROWS_ATTR), which divides the extent of a row
-    operand, flattened or not. Until the thirtieth lease only the free variable counted, so no
-    candidate the tuner measured carried its stream mode's cache hint: MetaSchedule timed modes
-    1, 3 and 4 as 0 (rmsnorm fwd 7168 on the H200: a mode-1 candidate timed 115.5 us in the
-    tune and ran 149.6 in the library, whose hint it never saw)."""
+    tuning candidate's is a constant, so its function names its row operands (ROW_OPERANDS_ATTR,
+    tune.tuning_func), the extents being no guide (at 1024 rows, a weight of 4096 is a multiple
+    of the count). Until the thirtieth lease only the free variable counted, so no candidate the
+    tuner measured carried its stream mode's cache hint: MetaSchedule timed modes 1, 3 and 4 as
+    0 (rmsnorm fwd 7168 on the H200: a mode-1 candidate timed 115.5 us in the tune and ran 149.6
+    in the library, whose hint it never saw)."""
+    accessed = [b for b in _accessed_buffers(body) if b.scope() == "global"]
+    named = func.attrs.get(ROW_OPERANDS_ATTR) if func.attrs is not None else None
+    if named is not None:
+        return [b for b in accessed if b.name in {str(n) for n in named}]
     free = _free_vars(func)
-    static = [c for c in _row_counts(func) if isinstance(c, int)]
-
-    def holds_rows(b):
-        return any(_uses(d, free) or (isinstance(d, tirx.IntImm) and any(d.value % c == 0 for c in static))
-                   for d in b.shape)
-    return [b for b in _accessed_buffers(body) if b.scope() == "global" and holds_rows(b)]
+    return [b for b in accessed if any(_uses(d, free) for d in b.shape)]
 
 
 def _last_reads(seq, rows):

@@ -85,14 +85,20 @@ def tuning_func(key: NormKey, part: str, rows: int, kind: str, chunk_rows: int |
     library runs int32-row kernels wherever a call fits (before it did, retunes that won in
     tuning lost in the library: rmsnorm bwd 5120, 177 us as a candidate, 242 us there)."""
     from . import compute
-    from ._tvm import STATIC_ROWS_ATTR, tirx
+    from ._tvm import ROW_OPERANDS_ATTR, STATIC_ROWS_ATTR, tirx
     n = tirx.const(rows, "int64") if kind == "cuda" else rows
     func = compute.kernel_funcs(key, kind, rows=n, chunk_rows=chunk_rows)[part]
     eps = [p for p in func.params if p.name == "eps"]
     if eps:
         func = func.specialize({eps[0]: 1e-6})
+    # the arguments whose extent the symbolic row count sets: the rows that the stream modes'
+    # cache hints load (_tvm._row_buffers)
+    symbolic = compute.kernel_funcs(key, kind, chunk_rows=chunk_rows)[part]
+    row_operands = [p.name for p in symbolic.params
+                    if any(not isinstance(d, tirx.IntImm) for d in getattr(p, "shape", None) or ())]
     # its row guards compare with this count: full_chunks versions the walk as in the library
-    return func.with_attr("global_symbol", "main").with_attr(STATIC_ROWS_ATTR, rows)
+    return (func.with_attr("global_symbol", "main").with_attr(STATIC_ROWS_ATTR, rows)
+            .with_attr(ROW_OPERANDS_ATTR, row_operands))
 
 
 def _bar(i, n, t0, label):
