@@ -984,7 +984,7 @@ def test_the_tuner_times_a_candidate_with_its_stream_hints(key, cfg, stream, hin
     counts differ), and its weights without: until the thirtieth lease a candidate carried no
     hint, so the search timed every stream mode as 0. Also at a row count (--rows 1024) that
     divides the weights' extent."""
-    from tvmnorm._tvm import Schedule
+    from tvmnorm._tvm import Schedule, tvm
     from tvmnorm.build import _kernel
     from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
     from tvmnorm.tune import tune_rows, tuning_func
@@ -993,7 +993,9 @@ def test_the_tuner_times_a_candidate_with_its_stream_hints(key, cfg, stream, hin
     library = kernel(cuda_source(key, row_config=point), part)
     func = tuning_func(key, part, rows or tune_rows(key, "cuda"), "cuda")
     sch = schedule_rows_cuda(func, point, sch=Schedule(func))
-    candidate = kernel(generated_cuda(_kernel(sch, func.with_attr("global_symbol", f"tuned_{part}"))), part)
+    # through JSON, as measure.InProcessBuilder hands a candidate to its worker
+    built = Schedule(tvm.ir.load_json(tvm.ir.save_json(sch.mod))["main"])
+    candidate = kernel(generated_cuda(_kernel(built, func.with_attr("global_symbol", f"tuned_{part}"))), part)
     for body in (candidate, library):
         assert body.count(hint) == len(re.findall(r"\b(x|dy)_ptr\[", body)) > 0, "a row loaded without the hint"
         hinted = [ln for ln in body.splitlines() if hint in ln]
