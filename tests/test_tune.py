@@ -1062,7 +1062,6 @@ def test_default_trace_is_known_by_its_instructions():
     assert is_default_trace(warp.trace) and not is_default_trace(warp.trace, default)
 
 
-
 @pytest.fixture(scope="module")
 def h200_bwd_candidates(tmp_path_factory):
     """The measured candidates of the twenty-ninth lease's backward tune (8 tasks, ~41 each),
