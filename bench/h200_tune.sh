@@ -36,13 +36,18 @@ fi
 if [ -n "${FRESH:-}" ] && [ ! -f "$STATE/schedules/cuda-sm_90.json" ]; then
   python -c "import sys; from tvmnorm.tune import save_records; save_records('cuda', {}, sys.argv[1])" "$STATE/schedules"
 fi
-[ -f "$STATE/schedules/cuda-sm_90.json" ] || cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null || true
-# the keys, databases, records and library of this run, shared by the tune and its recovery
-# HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune and the benchmark;
-# KEYS (packed, e.g. 0x10002090,0x8002091) names the keys themselves, for the tune (give HIDDEN and
-# BENCH_OPS that cover them for the benchmark)
-run=(--target cuda --shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} ${KEYS:+--keys "$KEYS"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
-     --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
+# the keys of this run: HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune
+# and the benchmark; KEYS (packed, e.g. 0x10002090,0x8002091) names the keys themselves, for the
+# tune (give HIDDEN and BENCH_OPS that cover them for the benchmark)
+keys=(--shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} ${KEYS:+--keys "$KEYS"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
+      --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"})
+if [ ! -f "$STATE/schedules/cuda-sm_90.json" ] && cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null; then
+  # RETUNE=1: the committed records of the job's keys are due again (tune.due_again), each still
+  # seeded as a candidate; only here, when the state is created, so a rerun resumes the job
+  [ -z "${RETUNE:-}" ] || python -m tvmnorm.tune due-again "$STATE/schedules/cuda-sm_90.json" "${keys[@]}"
+fi
+# the databases, records and library of this run, shared by the tune and its recovery
+run=(--target cuda "${keys[@]}" ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
      --schedules "$STATE/schedules" --out "$STATE/lib")
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
   2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' > "$STATE/tune-full.log"

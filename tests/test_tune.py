@@ -553,6 +553,52 @@ def test_a_job_tuned_from_no_records_drops_only_its_own_keys(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["records"] == hexed({**committed, b: fresh[b]})
 
 
+def test_a_retune_makes_records_due_and_keeps_what_it_found_again(tmp_path, capsys):
+    """h200_tune.sh RETUNE=1 (`python -m tvmnorm.tune due-again`) makes the selected keys'
+    committed records due at any trial count, leaving the others; the job's accept then keeps
+    the committed trial count of a trace it found again from fewer trials (the thirty-first
+    lease's accept wrote 0 and 16 for records of 48 and 28 trials), so merge changes only what
+    the retune changed. Through the command lines, as the lease runs them."""
+    from tvmnorm.measure import timing
+    from tvmnorm.tune import accept_main, due_again_main, due_keys, merge_main, tune_rows
+    a, b, c, d = (NormKey(stage="bwd", hidden_size=h) for h in (1024, 4096, 8192, 2048))
+    made = lambda k, parts, trials: {"key": k.name, "parts": parts, "trials": trials,  # noqa: E731
+                                     "rows": tune_rows(k, "cuda"), "timing": timing("cuda")}
+    committed = {f"{k.pack():#x}": made(k, 1, t) for k, t in ((a, 48), (b, 12), (c, 32), (d, 24))}
+    (tmp_path / "committed.json").write_text(json.dumps({"target": {"kind": "cuda"}, "records": committed}))
+    state = tmp_path / "state.json"
+    state.write_text((tmp_path / "committed.json").read_text())
+    keys = f"{a.pack():#x},{b.pack()},{c.pack():#x}"
+    assert due_again_main([str(state), "--keys", keys]) == 0
+    assert "3 of 3 selected keys had records" in capsys.readouterr().out
+    records = {int(k, 16): v for k, v in json.loads(state.read_text())["records"].items()}
+    assert {k.name: records[k.pack()]["trials"] for k in (a, b, c, d)} == {a.name: 0, b.name: 0, c.name: 0, d.name: 24}
+    assert all(records[k.pack()]["parts"] == 1 for k in (a, b, c))  # still seeded as candidates
+    assert due_keys([a, b, c, d], records, "cuda", 24) == [a, b, c]
+    assert due_keys([a], {a.pack(): made(a, 1, 48)}, "cuda", 48) == []
+    # the job: a found again at 16 trials (recovered from an interrupted tune), b a new trace,
+    # c found again at 48
+    job = {f"{a.pack():#x}": made(a, 1, 16), f"{b.pack():#x}": made(b, 2, 48), f"{c.pack():#x}": made(c, 1, 48),
+           f"{d.pack():#x}": made(d, 1, 24)}
+    (tmp_path / "job.json").write_text(json.dumps({"target": {"kind": "cuda"}, "records": job}))
+    bench = {"records": [{"op": "rmsnorm_bwd", "dtype": "bf16", "hidden": k.hidden_size, "rows": 16384, "impl": impl,
+                          "status": "ok", "us": us}
+                         for k in (a, b, c) for impl, us in (("tvmnorm_tuned", 50.0), ("tvmnorm_default", 60.0))]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert accept_main([str(tmp_path / "job.json"), str(tmp_path / "bench.json"), str(tmp_path / "acc.json"),
+                        "--accepted", str(tmp_path / "committed.json")]) == 0
+    acc = json.loads((tmp_path / "acc.json").read_text())
+    assert acc["records"][f"{a.pack():#x}"] == committed[f"{a.pack():#x}"]
+    assert acc["changes"] == {"records": [f"{b.pack():#x}", f"{c.pack():#x}"], "dropped": []}
+    assert merge_main([str(tmp_path / "committed.json"), str(tmp_path / "acc.json"), "--out", str(tmp_path / "m.json")]) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())["records"]
+    assert {k: (v["parts"], v["trials"]) for k, v in merged.items()} == {
+        f"{a.pack():#x}": (1, 48), f"{b.pack():#x}": (2, 48), f"{c.pack():#x}": (1, 48), f"{d.pack():#x}": (1, 24)}
+    with pytest.raises(SystemExit):
+        due_again_main([str(tmp_path / "gone.json"), "--keys", keys])
+    assert "gone.json does not exist" in capsys.readouterr().err
+
+
 def test_accept_names_a_missing_benchmark(tmp_path, capsys):
     """tune accept stops on a missing input file, by name, before it writes anything: run
     without --previous it would let a retuned record that is slower than the committed one

@@ -650,6 +650,10 @@ def accept_records(records: dict, bench: dict, slack: float = 0.02, accepted: di
             if to_default is not None and reason.startswith("slower than the default"):
                 kept[packed] = to_default(packed, rec, dropped[packed])
         else:
+            # the same trace found again by a job that started it from fewer trials (a retune that
+            # made it due again, due_again) has still been searched as hard as before
+            if before and not retuned and before.get("trials", 0) > rec.get("trials", 0):
+                rec = dict(rec, trials=before["trials"])
             kept[packed] = rec
     return kept, dropped
 
@@ -770,6 +774,43 @@ def merge_accepted(committed: dict, accepted_runs: list) -> tuple:
     return records, dropped - set(found)
 
 
+def due_again(records: dict, keys) -> list:
+    """Make the records of ``keys`` (packed key -> record, as a schedules file holds them) due
+    for the next tune at any trial count, in place: their trial counts go to 0, the records
+    stay, so the tune seeds each committed trace as a candidate and a new record must beat it.
+    A record chosen under a measurement the tuner has since changed needs this (the thirtieth
+    lease's stream-hint fix: every record before it had its stream mode timed as 0). Done once,
+    when a job's state is created (h200_tune.sh RETUNE=1): a resumed job must not make its own
+    records due again. Returns the packed keys made due."""
+    hit = []
+    for key in keys:
+        for k in (key.pack(), f"{key.pack():#x}"):
+            if k in records:
+                records[k] = dict(records[k], trials=0)
+                hit.append(key.pack())
+    return hit
+
+
+def due_again_main(argv=None) -> int:
+    """python -m tvmnorm.tune due-again SCHEDULES.json [key selection, as tvmnorm tune's]"""
+    import argparse
+    from .cli import add_key_args, keys_from_args
+    ap = argparse.ArgumentParser(prog="python -m tvmnorm.tune due-again",
+                                 description="make the selected keys' records due for the next tune (seeded, not skipped)")
+    ap.add_argument("schedules")
+    add_key_args(ap)
+    args = ap.parse_args(argv)
+    path = pathlib.Path(args.schedules)
+    if not path.is_file():
+        ap.error(f"schedules file {path} does not exist")
+    data = json.loads(path.read_text())
+    keys = keys_from_args(args)
+    hit = due_again(data["records"], keys)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    print(f"{len(hit)} of {len(keys)} selected keys had records; they are due again -> {path}")
+    return 0
+
+
 def merge_main(argv=None) -> int:
     """python -m tvmnorm.tune merge COMMITTED.json ACCEPTED.json... --out OUT.json"""
     import argparse
@@ -791,8 +832,9 @@ def merge_main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    commands = {"accept": accept_main, "merge": merge_main}
+    commands = {"accept": accept_main, "merge": merge_main, "due-again": due_again_main}
     if sys.argv[1:2] and sys.argv[1] in commands:
         sys.exit(commands[sys.argv[1]](sys.argv[2:]))
     sys.exit("usage: python -m tvmnorm.tune accept SCHEDULES.json BENCH.json OUT.json\n"
-             "       python -m tvmnorm.tune merge COMMITTED.json ACCEPTED.json... --out OUT.json")
+             "       python -m tvmnorm.tune merge COMMITTED.json ACCEPTED.json... --out OUT.json\n"
+             "       python -m tvmnorm.tune due-again SCHEDULES.json [--keys K,... | --hidden ... --stages ...]")
