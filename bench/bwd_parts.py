@@ -18,7 +18,10 @@ library's call. With --small-rows 1,64,256,... it times whole calls of those row
 kernel holds (its own and build.SMALL_DX_CHUNK_ROWS') and through the decode backward
 (build.decode_funcs), each checked against the call the runtime makes: what the rules'
 FULL_GRID_CHUNKS, decode_bwd_rows and WGRAD_FEW_ROWS are chosen by; with --wgrad 32x16,64x8x4 also the decode
-backward with its wgrad kernel split those ways (as --finalize's).
+backward with its wgrad kernel split those ways (as --finalize's). With --stream-ab 0,1,3 it only
+times the committed record of each key (or --records FOLDER's) with its dx stream mode made each
+of those: whole call and dx alone (twice each, in turn) and the tuner's measure of the same trace
+(tune.tuner_us), to see why a candidate that won the tune loses in the library (bwd-stream-ab.json).
 """
 from __future__ import annotations
 
@@ -221,9 +224,16 @@ def main():
                     "e.g. 1,64,256,1024 (bwd-small.json)")
     ap.add_argument("--wgrad", default="", help="with --small-rows, also the decode backward with its wgrad split "
                     "these ways, COLUMNSxLANES[xUNROLL], e.g. 32x16,64x8x4")
+    ap.add_argument("--stream-ab", default="", help="only the committed record of each backward key with its dx "
+                    "stream mode made each of these, e.g. 0,1,3: whole call, dx alone and the tuner's measure "
+                    "(bwd-stream-ab.json)")
+    ap.add_argument("--records", default=None, help="with --stream-ab, the schedules folder to take the records "
+                    "from (default: the committed schedules/)")
     args = ap.parse_args()
     if args.small_rows:
         return small_main(args)
+    if args.stream_ab:
+        return stream_main(args)
     variants = splits(args.finalize)
     # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1), FULL (0), CW (0) and SMEM (0) where not given
     fields = [[int(v) for v in c.split("x")] for c in args.dx.split(",") if c]
@@ -246,6 +256,61 @@ def main():
                   flush=True)
     meta = probe_meta(ceiling)
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
+
+
+def stream_ab(norm: str, h: int, modes, records: dict, dtype: str = "bf16") -> dict:
+    """The record of a backward key with its dx STREAM decision made each of ``modes``
+    (tune.with_stream), each timed twice in turn (ABAB) as a whole call and as its dx kernel
+    alone, checked against the library's call, and measured once as the search measures it
+    (tune.tuner_us: the static-row candidate, cold, plus the partial sums' fixed cost): where the
+    tune's ranking of the stream modes and the library's part, these columns say which kernel
+    moves."""
+    from tvmnorm.runtime import record_kernel
+    from tvmnorm.tune import stream_decision, stream_mode, tuner_us, with_stream
+    key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
+    record = records.get(key.pack())
+    r = {"norm": norm, "dtype": dtype, "hidden": h, "modes": {}}
+    if stream_decision(record, "dx") is None:
+        r["skipped"] = "no record with a dx stream decision"
+        return r
+    rows = train_rows(h)
+    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h, dtype)
+    want = [torch.empty_like(x)] + [torch.empty_like(gamma) for _ in range(s)]
+    REGISTRY.get(key, "cuda")(dy, x, *stats, gamma, *want)
+    want = [w.float() for w in want]
+    kernels = {mode: record_kernel(key, "cuda", with_stream(record, mode, "dx"), f"stream{mode}") for mode in modes}
+    r.update(rows=rows, record_stream=stream_mode(record, "dx"))
+    for mode, k in kernels.items():
+        got = [torch.full_like(x, float("nan"))] + [torch.full_like(gamma, float("nan")) for _ in range(s)]
+        k(dy, x, *stats, gamma, *got)
+        r["modes"][mode] = {"rel_err": rel_err(got, want), "call_us": [], "dx_us": [],
+                            "tuner_us": tuner_us(key, with_stream(record, mode, "dx"), "dx")}
+    for _ in range(2):
+        for mode, k in kernels.items():
+            f = k.parts_for(rows)
+            part = torch.empty(s, partials(rows, key, "cuda", k.chunk_rows), h, device="cuda")
+            dx = torch.empty_like(x)
+            grads = [torch.empty_like(gamma) for _ in range(s)]
+            r["modes"][mode]["call_us"].append(probe_us(lambda: k(dy, x, *stats, gamma, dx, *grads)))
+            r["modes"][mode]["dx_us"].append(probe_us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)))
+    return r
+
+
+def stream_main(args):
+    from tvmnorm.tune import load_records
+    modes = [int(v) for v in args.stream_ab.split(",")]
+    records = load_records("cuda", args.records) if args.records else load_records("cuda")
+    ceiling = copy_roofline("cuda", probe_timer())["copy_gbps"]
+    out = []
+    for norm in args.norms.split(","):
+        for h in (int(v) for v in args.hidden.split(",")):
+            r = stream_ab(norm, h, modes, records, args.dtype)
+            out.append(r)
+            print(f"{norm:9s} H={h:5d} record stream {r.get('record_stream')}: " + (r.get("skipped") or "  ".join(
+                f"stream{m} call {min(v['call_us']):6.1f} dx {min(v['dx_us']):6.1f} tuner {v['tuner_us']:6.1f} "
+                f"(err {v['rel_err']:.0e})" for m, v in r["modes"].items())), flush=True)
+    pathlib.Path(args.out, "bwd-stream-ab.json").write_text(json.dumps({"meta": probe_meta(ceiling), "records": out},
+                                                                       indent=1))
 
 
 def splits(spec: str) -> list:

@@ -33,7 +33,6 @@ Writes probe.json.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import pathlib
@@ -47,11 +46,10 @@ from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, 
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import REGISTRY, record_kernel, variant_kernel
 from tvmnorm.sched.default import cuda_row_heuristic, fwd_cuda_heuristic
-from tvmnorm._tvm import STREAM_LOADS
 from tvmnorm.sched.rows import warp_sums_problem
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, fwd_kept_variants, torch_compile_fwd_shapes
 from tvmnorm.shapes import train_rows
-from tvmnorm.tune import load_records
+from tvmnorm.tune import load_records, stream_decision, with_stream
 
 
 def rows_sweep(key: NormKey, rows: list) -> dict:
@@ -119,28 +117,6 @@ def policy_kernels(key: NormKey, policy: str, variants: dict) -> dict:
         finally:
             setattr(norms, policy, kept)
     return kernels
-
-
-def stream_decision(record: dict | None) -> str | None:
-    """The random variable of ``record``'s forward trace that its STREAM_LOADS annotation takes
-    (the stream knob's decision), or None: no traced forward, or one tuned before the knob."""
-    insts = ((record or {}).get("parts", {}).get("fwd") or [[]])[0]
-    found = {inst[1][1] for inst in insts if inst[0] == "Annotate" and inst[2] == [STREAM_LOADS]}
-    return found.pop() if len(found) == 1 else None
-
-
-def with_stream(record: dict, mode: int) -> dict:
-    """``record`` with its forward's STREAM decision (stream_decision) made ``mode``: the
-    record's schedule with that cache hint."""
-    var = stream_decision(record)
-    if var is None:
-        raise ValueError(f"{record.get('key')}: no stream decision in its forward trace")
-    record = copy.deepcopy(record)
-    insts, decisions = record["parts"]["fwd"]
-    (i,) = [i for i, inst in enumerate(insts) if inst[0] == "SampleCategorical" and inst[3] == [var]]
-    insts[i][2] = [[0, mode], [0.5, 0.5]]
-    record["parts"]["fwd"][1] = [[j, 1 if j == i else d] for j, d in decisions]
-    return record
 
 
 def measure(key: NormKey, ceiling: float, deadline: float, variants: bool = True, int32: bool = False,

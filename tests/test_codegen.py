@@ -1025,6 +1025,36 @@ def test_probe_swaps_a_records_stream_decision(bench_script):
     assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"
 
 
+def test_stream_ab_swaps_a_backward_records_dx_stream_decision(bench_script):
+    """bench/bwd_parts.py --stream-ab: a committed backward record (rmsnorm 8192, stream 3 since
+    the thirty-first lease) with its dx STREAM decision made each mode replays with that mode
+    (tune.stream_mode reads it back) and only the rows' loads change; its trace on the tuning
+    function (what tune.tuner_us times) carries the same hints."""
+    from tvmnorm._tvm import Schedule, Trace
+    from tvmnorm.build import _kernel
+    from tvmnorm.tune import load_records, stream_mode, tune_rows, tuning_func, with_stream
+    bench_script("bwd_parts")  # imports: the probe's --stream-ab path is importable on a CPU host
+    key = NormKey(stage="bwd", hidden_size=8192)
+    record = load_records("cuda")[key.pack()]
+    assert stream_mode(record, "dx") == 3
+    hints = {0: (), 1: ("ld_vec_global_cs",), 3: ("ld_vec_global_L2__cache_hint",)}
+    bodies = {}
+    for mode in (0, 1, 3):
+        swapped = with_stream(record, mode, "dx")
+        assert stream_mode(swapped, "dx") == mode
+        bodies[mode] = kernel(generated_cuda(scheduled_funcs(key, "cuda", swapped, parts=["dx"])), "dx")
+        func = tuning_func(key, "dx", tune_rows(key, "cuda"), "cuda", record["rows_per_partial"])
+        sch = Schedule(func)
+        Trace.apply_json_to_schedule(swapped["parts"]["dx"], sch)
+        candidate = kernel(generated_cuda(_kernel(sch, func.with_attr("global_symbol", "tuned_dx"))), "dx")
+        for body in (bodies[mode], candidate):
+            assert all(h in body for h in hints[mode]) and ("tvm_builtin_ptx_" in body) == bool(hints[mode])
+    strip = re.compile(r"tvm_builtin_ptx_\w+\([^;]*\);|alignas\(64\) uint64_t row_policy\w*\[1\];|"
+                       r"\*\(\w+\*\)\(\w+_local_ptr[^;]*;")
+    assert len({re.sub(r"\s+", "", strip.sub("", b)) for b in bodies.values()}) == 1
+    assert stream_mode(record, "dx") == 3, "the committed record was changed in place"
+
+
 def test_sass_counts_reads_registers_and_spills_from_ptxas(tmp_path, bench_script):
     """bench/sass_counts.py's cubin(): each kernel's registers, stack frame and spills as ptxas -v
     reports them (what --records and --variants print): a kernel that must spill says so."""

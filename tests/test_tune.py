@@ -599,6 +599,24 @@ def test_a_retune_makes_records_due_and_keeps_what_it_found_again(tmp_path, caps
     assert "gone.json does not exist" in capsys.readouterr().err
 
 
+def test_tuner_us_times_a_record_as_the_search_does():
+    """tune.tuner_us (bench/bwd_parts.py --stream-ab's "tuner" column): a committed record's
+    trace built on the tuning function and timed by the tuner's runner, the dx with the partial
+    sums' cost added as the search adds it; a trace that does not apply is an error that says
+    which key. On llvm here (the H200 runs it on CUDA)."""
+    from tvmnorm.measure import InProcessBuilder, InProcessRunner
+    from tvmnorm.tune import tuner_us
+    key = NormKey(stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+    record = load_records("llvm")[key.pack()]
+    runner = InProcessRunner("llvm")
+    us = tuner_us(key, record, "dx", "llvm", InProcessBuilder("llvm", workers=1), runner)
+    (fixed,) = runner._fixed.values()
+    assert 0 < fixed * 1e6 < us < 1e5
+    other = NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+    with pytest.raises(ValueError, match=f"{other.name} dx: the record's trace does not apply"):
+        tuner_us(other, record, "dx", "llvm")
+
+
 def test_accept_names_a_missing_benchmark(tmp_path, capsys):
     """tune accept stops on a missing input file, by name, before it writes anything: run
     without --previous it would let a retuned record that is slower than the committed one

@@ -774,6 +774,76 @@ def merge_accepted(committed: dict, accepted_runs: list) -> tuple:
     return records, dropped - set(found)
 
 
+def stream_decision(record: dict | None, part: str = "fwd") -> str | None:
+    """The random variable of ``record``'s ``part`` trace that its STREAM_LOADS annotation takes
+    (the stream knob's decision), or None: no trace of that part, or one tuned before the knob."""
+    from ._tvm import STREAM_LOADS
+    insts = ((record or {}).get("parts", {}).get(part) or [[]])[0]
+    found = {inst[1][1] for inst in insts if inst[0] == "Annotate" and inst[2] == [STREAM_LOADS]}
+    return found.pop() if len(found) == 1 else None
+
+
+def _stream_sample(record: dict, part: str) -> int:
+    """The index of the SampleCategorical instruction of ``record``'s ``part`` trace that draws
+    its STREAM decision (stream_decision)."""
+    var = stream_decision(record, part)
+    if var is None:
+        raise ValueError(f"{record.get('key')}: no stream decision in its {part} trace")
+    (i,) = [i for i, inst in enumerate(record["parts"][part][0]) if inst[0] == "SampleCategorical" and inst[3] == [var]]
+    return i
+
+
+def stream_mode(record: dict, part: str = "fwd") -> int:
+    """The STREAM_LOADS mode ``record``'s ``part`` runs with (its stream decision's choice)."""
+    i = _stream_sample(record, part)
+    insts, decisions = record["parts"][part]
+    return int(insts[i][2][0][dict(decisions)[i]])
+
+
+def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
+    """A copy of ``record`` with its ``part``'s STREAM decision (stream_decision) made ``mode``:
+    the record's schedule with that cache hint, the rest of its kernel unchanged (the probes'
+    stream A/B: bench/gpu_probe.py for the forward, bench/bwd_parts.py for the dx)."""
+    import copy
+    i = _stream_sample(record, part)
+    record = copy.deepcopy(record)
+    insts, decisions = record["parts"][part]
+    insts[i][2] = [[0, mode], [0.5, 0.5]]
+    record["parts"][part][1] = [[j, 1 if j == i else d] for j, d in decisions]
+    return record
+
+
+def tuner_us(key: NormKey, record: dict, part: str, kind: str = "cuda", builder=None, runner=None) -> float:
+    """What the search measures for ``record``'s ``part``: its trace on the static-row tuning
+    function at the record's rows (and T), built and timed as a candidate (InProcessBuilder,
+    InProcessRunner: cold calls), plus for the dx the partial sums' cost that the tuner adds
+    (partial_sum_costs); microseconds, the mean of the trimmed repeats. Beside the library's
+    whole call of the same record it shows where the two measures part (the thirty-first
+    lease's rejected backward candidates beat the committed traces in the tune and lost in
+    the library)."""
+    from ._tvm import Schedule, Trace
+    from .measure import InProcessBuilder, InProcessRunner
+    chunk = record.get("rows_per_partial") if part == "dx" else None
+    rows = record.get("rows") or tune_rows(key, kind)
+    func = tuning_func(key, part, rows, kind, chunk)
+    sch = Schedule(func)
+    try:
+        Trace.apply_json_to_schedule(record["parts"][part], sch)
+    except Exception as e:  # noqa: BLE001 - TVM's replay errors name neither key nor record
+        raise ValueError(f"{key.name} {part}: the record's trace does not apply to its tuning function: "
+                         f"{str(e).strip()[-300:]}") from None
+    builder = builder or InProcessBuilder(kind, workers=1)
+    runner = runner or InProcessRunner(kind)
+    if part == "dx":
+        for _, secs in partial_sum_costs({"dx": func}, {"dx": (key, part, rows, chunk)}, kind, builder,
+                                         runner).items():
+            runner.add_fixed(func, secs)
+    ((secs, err),) = measure_schedules([(sch, func)], kind, builder, runner)
+    if secs is None:
+        raise RuntimeError(f"{key.name} {part}: {err}")
+    return statistics.mean(secs) * 1e6
+
+
 def due_again(records: dict, keys) -> list:
     """Make the records of ``keys`` (packed key -> record, as a schedules file holds them) due
     for the next tune at any trial count, in place: their trial counts go to 0, the records
