@@ -278,19 +278,20 @@ def stream_ab(norm: str, h: int, modes, records: dict, dtype: str = "bf16") -> d
     want = [torch.empty_like(x)] + [torch.empty_like(gamma) for _ in range(s)]
     REGISTRY.get(key, "cuda")(dy, x, *stats, gamma, *want)
     want = [w.float() for w in want]
-    kernels = {mode: record_kernel(key, "cuda", with_stream(record, mode, "dx"), f"stream{mode}") for mode in modes}
+    swapped = {mode: with_stream(record, mode, "dx") for mode in modes}
+    kernels = {mode: record_kernel(key, "cuda", rec, f"stream{mode}") for mode, rec in swapped.items()}
     r.update(rows=rows, record_stream=stream_mode(record, "dx"))
     for mode, k in kernels.items():
         got = [torch.full_like(x, float("nan"))] + [torch.full_like(gamma, float("nan")) for _ in range(s)]
         k(dy, x, *stats, gamma, *got)
         r["modes"][mode] = {"rel_err": rel_err(got, want), "call_us": [], "dx_us": [],
-                            "tuner_us": tuner_us(key, with_stream(record, mode, "dx"), "dx")}
+                            "tuner_us": tuner_us(key, swapped[mode], "dx")}
+    # every mode has the record's T: one set of outputs and partials serves them all
+    dx, grads = torch.empty_like(x), [torch.empty_like(gamma) for _ in range(s)]
+    part = torch.empty(s, partials(rows, key, "cuda", kernels[modes[0]].chunk_rows), h, device="cuda")
     for _ in range(2):
         for mode, k in kernels.items():
             f = k.parts_for(rows)
-            part = torch.empty(s, partials(rows, key, "cuda", k.chunk_rows), h, device="cuda")
-            dx = torch.empty_like(x)
-            grads = [torch.empty_like(gamma) for _ in range(s)]
             r["modes"][mode]["call_us"].append(probe_us(lambda: k(dy, x, *stats, gamma, dx, *grads)))
             r["modes"][mode]["dx_us"].append(probe_us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)))
     return r

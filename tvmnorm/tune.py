@@ -155,8 +155,7 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     work.mkdir(parents=True, exist_ok=True)
     builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
     runner = InProcessRunner(kind)
-    for task, secs in partial_sum_costs(funcs, owner, kind, builder, runner).items():
-        runner.add_fixed(funcs[task], secs)
+    add_partial_sum_costs(funcs, owner, kind, builder, runner)
     before = runner.measured
     seeded, db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed, committed)
     if runner.measured - before <= seeded:
@@ -166,6 +165,13 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
         raise TuningBroken(f"no candidate of {len(funcs)} tasks could be built and timed; first errors:\n"
                            + "\n".join((builder.errors + runner.errors)[:3]))
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials)
+
+
+def add_partial_sum_costs(funcs, owner, kind: str, builder, runner) -> None:
+    """Have ``runner`` add to every candidate of each dx task in ``funcs`` the cost of the
+    kernels that sum its partials (partial_sum_costs), as the search measures candidates."""
+    for task, secs in partial_sum_costs(funcs, owner, kind, builder, runner).items():
+        runner.add_fixed(funcs[task], secs)
 
 
 def partial_sum_costs(funcs, owner, kind: str, builder, runner) -> dict:
@@ -834,10 +840,7 @@ def tuner_us(key: NormKey, record: dict, part: str, kind: str = "cuda", builder=
                          f"{str(e).strip()[-300:]}") from None
     builder = builder or InProcessBuilder(kind, workers=1)
     runner = runner or InProcessRunner(kind)
-    if part == "dx":
-        for _, secs in partial_sum_costs({"dx": func}, {"dx": (key, part, rows, chunk)}, kind, builder,
-                                         runner).items():
-            runner.add_fixed(func, secs)
+    add_partial_sum_costs({part: func}, {part: (key, part, rows, chunk)}, kind, builder, runner)
     ((secs, err),) = measure_schedules([(sch, func)], kind, builder, runner)
     if secs is None:
         raise RuntimeError(f"{key.name} {part}: {err}")
@@ -845,19 +848,16 @@ def tuner_us(key: NormKey, record: dict, part: str, kind: str = "cuda", builder=
 
 
 def due_again(records: dict, keys) -> list:
-    """Make the records of ``keys`` (packed key -> record, as a schedules file holds them) due
+    """Make the records of ``keys`` (hex packed key -> record, as a schedules file holds them) due
     for the next tune at any trial count, in place: their trial counts go to 0, the records
     stay, so the tune seeds each committed trace as a candidate and a new record must beat it.
     A record chosen under a measurement the tuner has since changed needs this (the thirtieth
     lease's stream-hint fix: every record before it had its stream mode timed as 0). Done once,
     when a job's state is created (h200_tune.sh RETUNE=1): a resumed job must not make its own
     records due again. Returns the packed keys made due."""
-    hit = []
-    for key in keys:
-        for k in (key.pack(), f"{key.pack():#x}"):
-            if k in records:
-                records[k] = dict(records[k], trials=0)
-                hit.append(key.pack())
+    hit = [key.pack() for key in keys if f"{key.pack():#x}" in records]
+    for packed in hit:
+        records[f"{packed:#x}"] = dict(records[f"{packed:#x}"], trials=0)
     return hit
 
 
