@@ -20,8 +20,10 @@ kernel holds (its own and build.SMALL_DX_CHUNK_ROWS') and through the decode bac
 FULL_GRID_CHUNKS, decode_bwd_rows and WGRAD_FEW_ROWS are chosen by; with --wgrad 32x16,64x8x4 also the decode
 backward with its wgrad kernel split those ways (as --finalize's). With --stream-ab 0,1,3 it only
 times the committed record of each key (or --records FOLDER's) with its dx stream mode made each
-of those: whole call and dx alone (twice each, in turn) and the tuner's measure of the same trace
-(tune.tuner_us), to see why a candidate that won the tune loses in the library (bwd-stream-ab.json).
+of those: whole call and dx alone (twice each, in turn), the whole call rotating over input sets,
+the search's static-row candidate under the same timer, and the tuner's measure of the same trace
+(tune.tuner_us, also without the partial sums and after a warm-up), to see why a candidate that
+won the tune loses in the library (bwd-stream-ab.json).
 """
 from __future__ import annotations
 
@@ -258,15 +260,19 @@ def main():
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 
 
-def stream_ab(norm: str, h: int, modes, records: dict, dtype: str = "bf16") -> dict:
+def stream_ab(norm: str, h: int, modes, records: dict, dtype: str = "bf16", sets: int = 4) -> dict:
     """The record of a backward key with its dx STREAM decision made each of ``modes``
-    (tune.with_stream), each timed twice in turn (ABAB) as a whole call and as its dx kernel
-    alone, checked against the library's call, and measured once as the search measures it
-    (tune.tuner_us: the static-row candidate, cold, plus the partial sums' fixed cost): where the
-    tune's ranking of the stream modes and the library's part, these columns say which kernel
-    moves."""
+    (tune.with_stream), checked against the library's call and timed every way the tune and
+    the library part: as a whole call and as its dx kernel alone, each twice in turn (ABAB),
+    and the whole call rotating over ``sets`` input sets as the bench times it; the search's
+    own candidate (the static-row tuning function, tune.tuner_calls) under the bench's timer,
+    on one set and rotating; and the search's measure itself (tune.tuner_us: cold calls under
+    TVM's time_evaluator, with the partial sums' fixed cost, without it, and without it after
+    a warm-up). Where the tune's ranking and the library's part, these columns say whether the
+    kernel (static rows against symbolic), the timer or the data moves it."""
+    from tvmnorm.measure import InProcessRunner
     from tvmnorm.runtime import record_kernel
-    from tvmnorm.tune import stream_decision, stream_mode, tuner_us, with_stream
+    from tvmnorm.tune import stream_decision, stream_mode, tuner_calls, tuner_us, with_stream
     key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
     record = records.get(key.pack())
     r = {"norm": norm, "dtype": dtype, "hidden": h, "modes": {}}
@@ -274,26 +280,38 @@ def stream_ab(norm: str, h: int, modes, records: dict, dtype: str = "bf16") -> d
         r["skipped"] = "no record with a dx stream decision"
         return r
     rows = train_rows(h)
-    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h, dtype)
+    inputs = [bwd_inputs(norm, rows, h, dtype) for _ in range(sets)]
+    dy, x, stats, gamma, s = inputs[0]
     want = [torch.empty_like(x)] + [torch.empty_like(gamma) for _ in range(s)]
     REGISTRY.get(key, "cuda")(dy, x, *stats, gamma, *want)
     want = [w.float() for w in want]
     swapped = {mode: with_stream(record, mode, "dx") for mode in modes}
     kernels = {mode: record_kernel(key, "cuda", rec, f"stream{mode}") for mode, rec in swapped.items()}
-    r.update(rows=rows, record_stream=stream_mode(record, "dx"))
+    r.update(rows=rows, sets=sets, record_stream=stream_mode(record, "dx"))
+    static = {}
     for mode, k in kernels.items():
         got = [torch.full_like(x, float("nan"))] + [torch.full_like(gamma, float("nan")) for _ in range(s)]
         k(dy, x, *stats, gamma, *got)
-        r["modes"][mode] = {"rel_err": rel_err(got, want), "call_us": [], "dx_us": [],
-                            "tuner_us": tuner_us(key, swapped[mode], "dx")}
+        static[mode] = tuner_calls(key, swapped[mode], "dx", sets=sets)
+        r["modes"][mode] = {
+            "rel_err": rel_err(got, want), "call_us": [], "dx_us": [], "static_us": [],
+            "tuner_us": tuner_us(key, swapped[mode], "dx"),
+            "tuner_dx_us": tuner_us(key, swapped[mode], "dx", partial_sums=False),
+            "tuner_warm_dx_us": tuner_us(key, swapped[mode], "dx", partial_sums=False,
+                                         runner=InProcessRunner("cuda", warmup_ms=50))}
     # every mode has the record's T: one set of outputs and partials serves them all
     dx, grads = torch.empty_like(x), [torch.empty_like(gamma) for _ in range(s)]
     part = torch.empty(s, partials(rows, key, "cuda", kernels[modes[0]].chunk_rows), h, device="cuda")
     for _ in range(2):
         for mode, k in kernels.items():
-            f = k.parts_for(rows)
-            r["modes"][mode]["call_us"].append(probe_us(lambda: k(dy, x, *stats, gamma, dx, *grads)))
-            r["modes"][mode]["dx_us"].append(probe_us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)))
+            f, m = k.parts_for(rows), r["modes"][mode]
+            m["call_us"].append(probe_us(lambda: k(dy, x, *stats, gamma, dx, *grads)))
+            m["dx_us"].append(probe_us(lambda: f["dx"](dy, x, *stats, gamma, dx, part)))
+            m["static_us"].append(probe_us(static[mode][0]))
+    for mode, k in kernels.items():
+        m = r["modes"][mode]
+        m["call_rot_us"] = probe_timer()([lambda i=i: k(i[0], i[1], *i[2], i[3], dx, *grads) for i in inputs])[0]
+        m["static_rot_us"] = probe_timer()(static[mode])[0]
     return r
 
 
@@ -307,9 +325,11 @@ def stream_main(args):
         for h in (int(v) for v in args.hidden.split(",")):
             r = stream_ab(norm, h, modes, records, args.dtype)
             out.append(r)
-            print(f"{norm:9s} H={h:5d} record stream {r.get('record_stream')}: " + (r.get("skipped") or "  ".join(
-                f"stream{m} call {min(v['call_us']):6.1f} dx {min(v['dx_us']):6.1f} tuner {v['tuner_us']:6.1f} "
-                f"(err {v['rel_err']:.0e})" for m, v in r["modes"].items())), flush=True)
+            print(f"{norm:9s} H={h:5d} record stream {r.get('record_stream')}: " + (r.get("skipped") or "".join(
+                f"\n  stream{m} call {min(v['call_us']):6.1f} rotating {v['call_rot_us']:6.1f}  dx {min(v['dx_us']):6.1f}"
+                f"  static dx {min(v['static_us']):6.1f} rotating {v['static_rot_us']:6.1f}  tuner {v['tuner_us']:6.1f}"
+                f" dx {v['tuner_dx_us']:6.1f} warm {v['tuner_warm_dx_us']:6.1f} (err {v['rel_err']:.0e})"
+                for m, v in r["modes"].items())), flush=True)
     pathlib.Path(args.out, "bwd-stream-ab.json").write_text(json.dumps({"meta": probe_meta(ceiling), "records": out},
                                                                        indent=1))
 

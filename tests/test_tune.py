@@ -10,10 +10,11 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 
 from conftest import call, check_outputs, generated_cuda, make_inputs
-from tvmnorm import NormKey
+from tvmnorm import NormKey, reference
 from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
 from tvmnorm.runtime import Registry
@@ -612,9 +613,31 @@ def test_tuner_us_times_a_record_as_the_search_does():
     us = tuner_us(key, record, "dx", "llvm", InProcessBuilder("llvm", workers=1), runner)
     (fixed,) = runner._fixed.values()
     assert 0 < fixed * 1e6 < us < 1e5
+    # without the partial sums, and after a warm-up (--stream-ab's "dx" and "warm" columns)
+    runner = InProcessRunner("llvm", warmup_ms=5)
+    assert 0 < tuner_us(key, record, "dx", "llvm", runner=runner, partial_sums=False) < 1e5
+    assert runner._fixed == {} and runner.measured == 1
     other = NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
     with pytest.raises(ValueError, match=f"{other.name} dx: the record's trace does not apply"):
         tuner_us(other, record, "dx", "llvm")
+
+
+def test_tuner_calls_run_the_searchs_candidate_on_sets_of_their_own():
+    """tune.tuner_calls (--stream-ab's "static" columns: the search's candidate under the
+    bench's timer): one call a set, each on its own random arguments, each computing the
+    record's dx and dgamma partials right against float64."""
+    from tvmnorm.tune import tuner_calls
+    key = NormKey(stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+    calls = tuner_calls(key, load_records("llvm")[key.pack()], "dx", "llvm", sets=2)
+    assert len(calls) == 2
+    for c in calls:
+        dy, x, rsigma, gamma, dx, part = c.args
+        dx.copyfrom(np.full(dx.shape, np.nan, "float32"))
+        c()
+        want_dx, want_dgamma = reference.rmsnorm_bwd(dy.numpy(), x.numpy(), rsigma.numpy(), gamma.numpy())
+        np.testing.assert_allclose(dx.numpy(), want_dx, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(part.numpy().sum(axis=(0, 1)), want_dgamma, rtol=1e-4, atol=1e-3)
+    assert not np.array_equal(calls[0].args[1].numpy(), calls[1].args[1].numpy())
 
 
 def test_accept_names_a_missing_benchmark(tmp_path, capsys):

@@ -145,7 +145,7 @@ class RandomTimeRunner(ms.runner.PyRunner):
         return [_Done(ms.runner.RunnerResult([random.uniform(1e-4, 2e-4)], None)) for _ in inputs]
 
 
-def _random(shape, dtype: str, kind: str):
+def random_argument(shape, dtype: str, kind: str):
     """Random normal data of one argument. On CUDA it is made on the GPU with torch when torch
     is there: numpy needs about a second per 100M elements, the GPU a millisecond."""
     if kind == "cuda":
@@ -198,8 +198,12 @@ class InProcessRunner(ms.runner.PyRunner):
     the bench (and a training step) sees. On the CPU the calls run back to back."""
 
     def __init__(self, kind: str, number: int | None = None, repeat: int | None = None,
-                 min_repeat_ms: int | None = None):
+                 min_repeat_ms: int | None = None, warmup_ms: float = 0.0):
         super().__init__()
+        # back-to-back calls of each candidate before its timed ones (bench/bwd_parts.py
+        # --stream-ab times the search's measure with and without them: the GPU idles through
+        # the builds between measurements, and do_bench, the bench's timer, warms up for 25 ms)
+        self.warmup_ms = warmup_ms
         cold = timing(kind) == COLD
         self.kind = kind
         self.number = number or (1 if cold else 5)
@@ -226,7 +230,7 @@ class InProcessRunner(ms.runner.PyRunner):
     def _arg(self, pos, info):
         sig = (pos, tuple(int(s) for s in info.shape), str(info.dtype))
         if sig not in self._args:
-            self._args[sig] = _random(sig[1], sig[2], self.kind)
+            self._args[sig] = random_argument(sig[1], sig[2], self.kind)
         return self._args[sig][0]
 
     def run(self, runner_inputs):
@@ -238,6 +242,8 @@ class InProcessRunner(ms.runner.PyRunner):
                     raise RuntimeError("build failed")
                 mod = load_module(inp.artifact_path)
                 args = [self._arg(i, info) for i, info in enumerate(inp.args_info)]
+                if self.warmup_ms:
+                    mod.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=self.warmup_ms)(*args)
                 timer = mod.time_evaluator("main", dev, number=self.number, repeat=self.repeat,
                                            min_repeat_ms=self.min_repeat_ms, cache_flush_bytes=self.flush_bytes)
                 fixed = self._fixed.get(self._signature(inp.args_info), 0.0)

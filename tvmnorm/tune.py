@@ -9,6 +9,7 @@ default LocalBuilder/LocalRunner start fresh Pythons that spend 45-90 s importin
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -819,16 +820,10 @@ def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
     return record
 
 
-def tuner_us(key: NormKey, record: dict, part: str, kind: str = "cuda", builder=None, runner=None) -> float:
-    """What the search measures for ``record``'s ``part``: its trace on the static-row tuning
-    function at the record's rows (and T), built and timed as a candidate (InProcessBuilder,
-    InProcessRunner: cold calls), plus for the dx the partial sums' cost that the tuner adds
-    (partial_sum_costs); microseconds, the mean of the trimmed repeats. Beside the library's
-    whole call of the same record it shows where the two measures part (the thirty-first
-    lease's rejected backward candidates beat the committed traces in the tune and lost in
-    the library)."""
+def _record_schedule(key: NormKey, record: dict, part: str, kind: str):
+    """``record``'s ``part`` trace applied to its static-row tuning function at the record's
+    rows (and T), as the search built it: (Schedule, PrimFunc, its partial_sum_costs owner)."""
     from ._tvm import Schedule, Trace
-    from .measure import InProcessBuilder, InProcessRunner
     chunk = record.get("rows_per_partial") if part == "dx" else None
     rows = record.get("rows") or tune_rows(key, kind)
     func = tuning_func(key, part, rows, kind, chunk)
@@ -838,13 +833,52 @@ def tuner_us(key: NormKey, record: dict, part: str, kind: str = "cuda", builder=
     except Exception as e:  # noqa: BLE001 - TVM's replay errors name neither key nor record
         raise ValueError(f"{key.name} {part}: the record's trace does not apply to its tuning function: "
                          f"{str(e).strip()[-300:]}") from None
+    return sch, func, (key, part, rows, chunk)
+
+
+def tuner_us(key: NormKey, record: dict, part: str, kind: str = "cuda", builder=None, runner=None,
+             partial_sums: bool = True) -> float:
+    """What the search measures for ``record``'s ``part``: its trace on the static-row tuning
+    function at the record's rows (and T), built and timed as a candidate (InProcessBuilder,
+    InProcessRunner: cold calls), plus for the dx the partial sums' cost that the tuner adds
+    (partial_sum_costs; not with ``partial_sums`` False); microseconds, the mean of the trimmed
+    repeats. Beside the library's whole call of the same record it shows where the two measures
+    part (the thirty-first lease's rejected backward candidates beat the committed traces in the
+    tune and lost in the library)."""
+    from .measure import InProcessBuilder, InProcessRunner
+    sch, func, owner = _record_schedule(key, record, part, kind)
     builder = builder or InProcessBuilder(kind, workers=1)
     runner = runner or InProcessRunner(kind)
-    add_partial_sum_costs({part: func}, {part: (key, part, rows, chunk)}, kind, builder, runner)
+    if partial_sums:
+        add_partial_sum_costs({part: func}, {part: owner}, kind, builder, runner)
     ((secs, err),) = measure_schedules([(sch, func)], kind, builder, runner)
     if secs is None:
         raise RuntimeError(f"{key.name} {part}: {err}")
     return statistics.mean(secs) * 1e6
+
+
+def tuner_calls(key: NormKey, record: dict, part: str, kind: str = "cuda", sets: int = 1, builder=None) -> list:
+    """The candidate tuner_us times (``record``'s ``part`` on its static-row tuning function,
+    built as the search builds it), as ``sets`` zero-argument calls, each on its own random
+    arguments made as InProcessRunner makes them: for a probe to time the search's very kernel
+    with the bench's timer, apart from the search's timer (TVM's time_evaluator). Each call is
+    a functools.partial: its ``args`` are the kernel's arguments, in the PrimFunc's order."""
+    from ._tvm import load_module, ms, target
+    from .measure import InProcessBuilder, random_argument
+    sch, func, _ = _record_schedule(key, record, part, kind)
+    builder = builder or InProcessBuilder(kind, workers=1)
+    (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target(target_spec(kind)))])
+    if built.error_msg:
+        raise RuntimeError(f"{key.name} {part}: {built.error_msg}")
+    main = load_module(built.artifact_path)["main"]
+    infos = ms.arg_info.ArgInfo.from_prim_func(func)
+    calls = []
+    for _ in range(sets):
+        args = [random_argument(tuple(int(d) for d in info.shape), str(info.dtype), kind) for info in infos]
+        call = functools.partial(main, *(view for view, _ in args))
+        call.owners = [owner for _, owner in args]  # the torch tensors behind the views live with the call
+        calls.append(call)
+    return calls
 
 
 def due_again(records: dict, keys) -> list:
