@@ -219,9 +219,66 @@ def _and(conds):
     return out
 
 
-def _without_row_guards(cond, row_counts):
-    """``cond`` less its row guards (``row < n``, n a row count), or None where nothing is left."""
-    return _and(c for c in _conjuncts(cond) if not _is_row_guard(c, row_counts))
+def _less_guards(cond, dropped):
+    """``cond`` less the terms ``dropped`` says are guards to drop, or None where nothing is left."""
+    return _and(c for c in _conjuncts(cond) if not dropped(c))
+
+
+def _same_way(a, b):
+    """How a sum moves whose terms move ``a`` and ``b`` ways (_grows_with's values)."""
+    if a is None or b is None:
+        return None
+    return b if a == 0 else a if b in (0, a) else None
+
+
+def _grows_with(expr, n):
+    """How ``expr`` moves as the row count ``n`` grows, the other variables fixed: 1 never down,
+    -1 never up, 0 free of n, None not known (any other use of n)."""
+    if isinstance(expr, tirx.Var):
+        return 1 if expr.same_as(n) else 0
+    if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
+        return 0
+    if isinstance(expr, tirx.Cast):
+        return _grows_with(expr.value, n)
+    if isinstance(expr, (tirx.Add, tirx.Sub, tirx.Min, tirx.Max)):
+        a, b = _grows_with(expr.a, n), _grows_with(expr.b, n)
+        return _same_way(a, -b if isinstance(expr, tirx.Sub) and b is not None else b)
+    if isinstance(expr, tirx.Mul):
+        for c, other in ((expr.a, expr.b), (expr.b, expr.a)):
+            if isinstance(c, tirx.IntImm):
+                g = _grows_with(other, n)
+                return None if g is None else 0 if c.value == 0 else g if c.value > 0 else -g
+    if isinstance(expr, (tirx.FloorDiv, tirx.Div)) and isinstance(expr.b, tirx.IntImm) and expr.b.value > 0:
+        return _grows_with(expr.a, n)
+    return None if _uses(expr, [n]) else 0
+
+
+def _implied_by(tests, loops, threads):
+    """Whether a guard term holds wherever ``tests`` do (each ``last row < n``: every row of the
+    walk is below its count), as a chunk lane's ``lane < ceil(n / T)`` does: a term ``a < b``
+    (or ``<=``) that only comes truer as a tested n grows (a never up, b never down with n) and
+    is proven at the least n the tests admit, for every value of the walk's loops (``loops``)
+    and of the block's threads (``threads``: (var, extent)) and any of the loops around it. A
+    static row count's candidate never has these terms (TVM's simplifier proves them, the
+    count being a constant); the library's kernel had them, inside the unguarded copy."""
+    from tvm import sym
+    least = [(w.b, w.a + 1) for w in tests if isinstance(w.b, tirx.Var)]
+    analyzer = sym.Analyzer()
+    for lp in loops:
+        analyzer.bind(lp.loop_var, tvm.ir.Range.from_min_extent(lp.min, lp.extent))
+    for v, e in threads:
+        analyzer.bind(v, tvm.ir.Range.from_min_extent(tirx.const(0, e.ty), e))
+
+    def holds(term) -> bool:
+        if not isinstance(term, (tirx.LT, tirx.LE)):
+            return False
+        counts = [(n, m) for n, m in least if _uses(term, [n])]
+        if not counts or any(_grows_with(term.a, n) not in (0, -1) or _grows_with(term.b, n) not in (0, 1)
+                             for n, _ in counts):
+            return False
+        at_least = tvm_ffi.structural_map(term, [(tirx.Var, lambda v: next((m for n, m in counts if n.same_as(v)), v))])
+        return bool(analyzer.can_prove(at_least))
+    return holds
 
 
 def _walk(stmt, types, fn):
@@ -473,8 +530,14 @@ def _full_chunk(loop, row_counts, threads=()):
              if not any(j != i and _same_count(v.b, w.b) and analyzer.can_prove(w.a <= v.a)
                         and (j < i or not analyzer.can_prove(v.a <= w.a)) for j, v in enumerate(whole))]
 
+    # the unguarded copy drops the row guards, and the guards they imply (a chunk lane's)
+    implied = _implied_by(whole, loops, threads)
+
+    def dropped(term) -> bool:
+        return _is_row_guard(term, row_counts) or implied(term)
+
     def unguarded_if(node):
-        cond = _without_row_guards(node.condition, row_counts)
+        cond = _less_guards(node.condition, dropped)
         if cond is None:
             return node.then_case
         return node if cond.same_as(node.condition) else tirx.IfThenElse(cond, node.then_case, node.else_case)
@@ -483,7 +546,7 @@ def _full_chunk(loop, row_counts, threads=()):
         cond = _condition(node)
         if cond is None:
             return node
-        rest = _without_row_guards(cond, row_counts)
+        rest = _less_guards(cond, dropped)
         if rest is not None and rest.same_as(cond):
             return node
         if isinstance(node, tirx.Select):
