@@ -600,6 +600,32 @@ def test_a_retune_makes_records_due_and_keeps_what_it_found_again(tmp_path, caps
     assert "gone.json does not exist" in capsys.readouterr().err
 
 
+def test_a_batch_starts_only_with_half_its_time_left():
+    """tune.batch_past_limit (tvmnorm tune --time-limit, h200_tune.sh's TUNE_SECONDS): the
+    thirty-second lease's last call had 130 s, spent them drawing a batch of four keys' design
+    spaces at ~66 s a key, and measured none of them."""
+    from tvmnorm.tune import batch_past_limit
+    assert batch_past_limit(4, 10, 0, 0, None, 60) is None                 # no limit
+    assert batch_past_limit(4, 10, 0, 0, 140, None) is None                # nothing to estimate with
+    assert "under half of 240 s at 60 s a key (--key-seconds)" in batch_past_limit(4, 20, 0, 0, 130, 60)
+    assert batch_past_limit(4, 10, 0, 0, 545, 60) is None
+    # this run's own seconds a key win over the estimate
+    assert "at 65 s a key (this run)" in batch_past_limit(4, 532, 520, 8, 545, 10)
+    assert batch_past_limit(4, 400, 390, 6, 545, 1000) is None             # 145 s left of 260
+    assert "spent" in batch_past_limit(1, 546, 520, 8, 545, None)
+
+
+def test_tune_stops_before_a_batch_past_its_time_limit(tmp_path):
+    """--time-limit with --key-seconds: the batch is not started, the run says why, its keys
+    stay due (no records written) and the run ends cleanly."""
+    r = tvmnorm("tune", "--target", "llvm", "--norms", "rmsnorm", "--stages", "fwd", "--dtypes", "fp32",
+                "--hidden", "384,512", "--trials", "4", "--rows", "256", "--logs", str(tmp_path / "logs"),
+                "--schedules", str(tmp_path / "sch"), "--no-build", "--time-limit", "600", "--key-seconds", "10000")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stopping before 2 keys" in r.stderr and "they stay due" in r.stderr, r.stderr[-2000:]
+    assert "tuned " not in r.stderr and not list((tmp_path / "sch").glob("llvm-*.json"))
+
+
 def test_tuner_us_times_a_record_as_the_search_does():
     """tune.tuner_us (bench/bwd_parts.py --stream-ab's "tuner" column): a committed record's
     trace built on the tuning function and timed by the tuner's runner, the dx with the partial

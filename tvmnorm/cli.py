@@ -126,6 +126,11 @@ def main(argv=None):
     p.add_argument("--min-trials", type=int, default=None,
                    help="take a key's best candidate from the database of an interrupted run once "
                         "every task has this many (default: --trials); the key stays due for more")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="start no batch with less than half its time left before this many seconds from "
+                        "the start (at the seconds a key has taken so far, or --key-seconds); its keys stay due")
+    p.add_argument("--key-seconds", type=float, default=None,
+                   help="with --time-limit, what a key takes before this run has timed one")
     p.add_argument("--recover-only", action="store_true",
                    help="only take records from the databases (see --min-trials) and build; tune nothing")
     p.add_argument("--chunk-rows", type=lambda s: [int(v) for v in _csv(s)], default=None,

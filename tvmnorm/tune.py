@@ -503,7 +503,33 @@ def due_keys(keys, records: dict, kind: str, trials: int, rows: int | None = Non
     return [k for k in keys if due(k)]
 
 
+# The share of a batch's time it needs before its keys reach a recoverable trial count (its
+# design spaces are drawn first, ~a quarter of a CUDA backward batch; then a third of 48 trials,
+# h200_tune.sh's MIN_TRIALS 16): a batch with less time than that left measures nothing it keeps.
+BATCH_USEFUL_SHARE = 0.5
+
+
+def batch_past_limit(keys: int, elapsed: float, tuning: float, done: int, limit: float | None,
+                     key_seconds: float | None) -> str | None:
+    """Why a batch of ``keys`` must not start ``elapsed`` seconds into a run with a time
+    ``limit``, or None: less than BATCH_USEFUL_SHARE of its time would be left, at the seconds a
+    key has taken in this run (``tuning`` seconds over ``done`` keys) or, before any key has,
+    ``key_seconds``; with neither known it starts. On the H200 a job's call is stopped by a
+    timeout, and a batch cut short keeps nothing below --min-trials: the thirty-second lease's
+    last 130 s drew the design spaces of a batch of four keys and measured none of them."""
+    if limit is None:
+        return None
+    if elapsed >= limit:
+        return f"{elapsed:.0f} s of --time-limit {limit:.0f} s spent"
+    per_key = tuning / done if done else key_seconds
+    if per_key and limit - elapsed < BATCH_USEFUL_SHARE * per_key * keys:
+        return (f"{limit - elapsed:.0f} s of --time-limit {limit:.0f} s left, under half of "
+                f"{per_key * keys:.0f} s at {per_key:.0f} s a key ({'this run' if done else '--key-seconds'})")
+    return None
+
+
 def tune_main(args, keys) -> None:
+    started = time.time()
     kind = args.target
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
@@ -537,6 +563,12 @@ def tune_main(args, keys) -> None:
     batch = max(1, args.batch)
     for i in range(0, len(todo), batch):
         group = todo[i:i + batch]
+        late = batch_past_limit(len(group), time.time() - started, time.time() - t0, i,
+                                getattr(args, "time_limit", None), getattr(args, "key_seconds", None))
+        if late:
+            print(f"\nstopping before {len(group)} keys: {late}; they stay due", file=sys.stderr)
+            todo = todo[:i]
+            break
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
             found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build,
