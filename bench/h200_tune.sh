@@ -52,9 +52,10 @@ run=(--target cuda "${keys[@]}" ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --tria
 # the tune starts no batch with less than half its time left before TUNE_SECONDS less 30 s for
 # its library build, at the seconds a key has taken in this call or, before one has, KEY_SECONDS
 # (e.g. 60 for the bf16 backward at 48 trials): such a batch keeps nothing of MIN_TRIALS
-# (tune.batch_past_limit)
+# (tune.batch_past_limit). OVERLAP=1: candidates compile while the search draws the next tasks'
+# (tvmnorm tune --overlap-builds; not yet timed on the H200)
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
-  --time-limit $(( ${TUNE_SECONDS:-420} - 30 )) ${KEY_SECONDS:+--key-seconds "$KEY_SECONDS"} \
+  --time-limit $(( ${TUNE_SECONDS:-420} - 30 )) ${KEY_SECONDS:+--key-seconds "$KEY_SECONDS"} ${OVERLAP:+--overlap-builds} \
   2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' > "$STATE/tune-full.log"
 tuned=${PIPESTATUS[0]}
 # the run's own lines (preflight: which CUDA build, keys to tune, recovery) and its last screen

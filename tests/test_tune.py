@@ -600,6 +600,59 @@ def test_a_retune_makes_records_due_and_keeps_what_it_found_again(tmp_path, caps
     assert "gone.json does not exist" in capsys.readouterr().err
 
 
+def _default_candidate(key, part, rows=256):
+    from tvmnorm._tvm import ms, target
+    from tvmnorm.sched.default import default_schedule
+    from tvmnorm.targets import target_spec
+    func = tuning_func(key, part, rows, "llvm")
+    mod = default_schedule(func, part, "llvm", 4).mod
+    return ms.builder.BuilderInput(mod, target(target_spec("llvm"))), func
+
+
+def test_overlapping_builds_time_each_candidate_once_it_is_built(monkeypatch):
+    """InProcessBuilder(overlap=True): build returns at once, its candidates still compiling in
+    the pool; InProcessRunner(builder=...) gives futures that are not done until the build is,
+    then timed, and a failed build comes back as that candidate's error. (tvmnorm tune
+    --overlap-builds; on llvm only the mechanics: its timings would share the cores.)"""
+    import time
+    from tvmnorm import measure
+    from tvmnorm._tvm import ms
+    real = measure.build_candidate
+
+    def slow(*a, **kw):
+        time.sleep(1.5)
+        return real(*a, **kw)
+    monkeypatch.setattr(measure, "build_candidate", slow)  # the pool forks after this
+    key = NormKey(itype="fp32", wtype="fp32", otype="fp32", hidden_size=384)
+    inp, func = _default_candidate(key, "fwd")
+    builder = measure.InProcessBuilder("llvm", workers=2, overlap=True)
+    runner = measure.InProcessRunner("llvm", builder=builder)
+    t0 = time.monotonic()
+    (built,) = builder.build([inp])
+    assert time.monotonic() - t0 < 1.0 and built.error_msg is None
+    (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "llvm", ms.arg_info.ArgInfo.from_prim_func(func))])
+    assert not future.done()
+    result = future.result()
+    assert result.error_msg is None and len(result.run_secs) > 0 and future.done() and runner.measured == 1
+
+    def broken(*a, **kw):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(measure, "build_candidate", broken)
+    builder = measure.InProcessBuilder("llvm", workers=2, overlap=True)
+    runner = measure.InProcessRunner("llvm", builder=builder)
+    (built,) = builder.build([inp])
+    (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "llvm", ms.arg_info.ArgInfo.from_prim_func(func))])
+    result = future.result()
+    assert result.run_secs is None and "build failed: RuntimeError: no compiler here" in result.error_msg
+    assert builder.errors and runner.measured == 0
+
+
+def test_overlap_builds_is_refused_off_cuda(tmp_path):
+    r = tvmnorm("tune", "--target", "llvm", "--hidden", "384", "--dtypes", "fp32", "--stages", "fwd", "--norms",
+                "rmsnorm", "--schedules", str(tmp_path / "sch"), "--logs", str(tmp_path / "logs"), "--overlap-builds")
+    assert r.returncode != 0 and "--overlap-builds is for CUDA" in r.stderr
+
+
 def test_a_batch_starts_only_with_half_its_time_left():
     """tune.batch_past_limit (tvmnorm tune --time-limit, h200_tune.sh's TUNE_SECONDS): the
     thirty-second lease's last call had 130 s, spent them drawing a batch of four keys' design

@@ -126,6 +126,8 @@ def main(argv=None):
     p.add_argument("--min-trials", type=int, default=None,
                    help="take a key's best candidate from the database of an interrupted run once "
                         "every task has this many (default: --trials); the key stays due for more")
+    p.add_argument("--overlap-builds", action="store_true",
+                   help="compile candidates while the search draws the next tasks' (not yet timed on a GPU)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no batch with less than half its time left before this many seconds from "
                         "the start (at the seconds a key has taken so far, or --key-seconds); its keys stay due")

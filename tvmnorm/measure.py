@@ -18,6 +18,7 @@ import os
 import pathlib
 import random
 import tempfile
+import time
 
 import numpy as np
 
@@ -42,9 +43,10 @@ def _candidate_path() -> str:
 CUDA_BUILDS = ("nvrtc", "nvcc")
 
 
-def build_candidate(mod, kind: str, arch: str | None, target=None, cuda_build: str = "nvrtc") -> str:
-    """Compile one candidate IRModule into a loadable .so; returns its path."""
-    path = pathlib.Path(_candidate_path())
+def build_candidate(mod, kind: str, arch: str | None, target=None, cuda_build: str = "nvrtc", path=None) -> str:
+    """Compile one candidate IRModule into a loadable .so (at ``path``, or in a fresh directory);
+    returns its path."""
+    path = pathlib.Path(path or _candidate_path())
     if kind == "cuda" and cuda_build == "nvcc":
         from .cuda_aot import build_cuda_library
         from .targets import arch_of
@@ -59,10 +61,10 @@ def build_candidate(mod, kind: str, arch: str | None, target=None, cuda_build: s
 
 
 def _build_in_worker(payload):
-    mod_json, target_json, kind, arch, cuda_build = payload
+    mod_json, target_json, kind, arch, cuda_build, path = payload
     try:
         mod = tvm.ir.load_json(mod_json)
-        return build_candidate(mod, kind, arch, tvm.target.Target(target_json), cuda_build), None
+        return build_candidate(mod, kind, arch, tvm.target.Target(target_json), cuda_build, path), None
     except Exception as e:  # noqa: BLE001 - a failed candidate is a result, not a crash
         return None, f"{type(e).__name__}: {str(e)[-2000:]}"
 
@@ -70,14 +72,21 @@ def _build_in_worker(payload):
 @_derived
 class InProcessBuilder(ms.builder.PyBuilder):
     """Builds candidates in ``workers`` forked processes (1: in this process); CUDA ones the
-    ``cuda_build`` way (see CUDA_BUILDS)."""
+    ``cuda_build`` way (see CUDA_BUILDS). With ``overlap`` (and more than one worker) a build
+    call only submits its candidates and returns their artifacts' paths at once; an
+    InProcessRunner made with this builder waits for each build when MetaSchedule asks for that
+    candidate's run, so the search draws and ranks the next tasks' candidates while these
+    compile (on the H200 host a backward batch spent 3-5 s a task blocked on its 16 builds
+    between sends, the thirty-first lease's task logs)."""
 
     def __init__(self, kind: str = "llvm", arch: str | None = None, workers: int | None = None,
-                 cuda_build: str = "nvrtc", timeout: float = 300.0):
+                 cuda_build: str = "nvrtc", timeout: float = 300.0, overlap: bool = False):
         super().__init__()
         self.kind, self.arch, self.cuda_build, self.timeout = kind, arch, cuda_build, timeout
         self.workers = max(1, workers or usable_cores())
+        self.overlap = overlap and self.workers > 1
         self._pool = None
+        self._pending = {}  # artifact path -> (its build's future, when it was submitted)
         self.errors = []  # the first few build errors, for a caller that finds nothing worked
 
     def _executor(self):
@@ -90,14 +99,30 @@ class InProcessBuilder(ms.builder.PyBuilder):
         return self._pool
 
     def build(self, build_inputs):
-        payloads = [(tvm.ir.save_json(inp.mod), str(inp.target), self.kind, self.arch, self.cuda_build)
+        if self.overlap:
+            return self._build_later(build_inputs)
+        payloads = [(tvm.ir.save_json(inp.mod), str(inp.target), self.kind, self.arch, self.cuda_build, None)
                     for inp in build_inputs]
         if self.workers == 1 or len(payloads) == 1:
             done = [_build_in_worker(p) for p in payloads]
         else:
             done = self._build_forked(payloads)
-        self.errors += [err for _, err in done if err][:max(0, 3 - len(self.errors))]
+        self._note_errors(err for _, err in done)
         return [ms.builder.BuilderResult(path, err) for path, err in done]
+
+    def _note_errors(self, errors) -> None:
+        self.errors += [err for err in errors if err][:max(0, 3 - len(self.errors))]
+
+    def _timed_out(self) -> str:
+        return f"TimeoutError: not built within {self.timeout:.0f} s"
+
+    def _kill_pool(self) -> None:
+        """Kill the worker pool (a compiler that hangs in a forked process); the next build
+        starts a fresh one. Builds still in it fail."""
+        for proc in list(getattr(self._pool, "_processes", {}).values()):
+            proc.kill()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
 
     def _build_forked(self, payloads):
         """Build in the worker pool; a round that is not done within ``timeout`` seconds (a
@@ -106,12 +131,39 @@ class InProcessBuilder(ms.builder.PyBuilder):
         futures = [self._executor().submit(_build_in_worker, p) for p in payloads]
         _, late = concurrent.futures.wait(futures, timeout=self.timeout)
         if late:
-            for proc in list(getattr(self._pool, "_processes", {}).values()):
-                proc.kill()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        return [f.result() if f not in late else (None, f"TimeoutError: not built within {self.timeout:.0f} s")
-                for f in futures]
+            self._kill_pool()
+        return [f.result() if f not in late else (None, self._timed_out()) for f in futures]
+
+    def _build_later(self, build_inputs):
+        out = []
+        for inp in build_inputs:
+            path = _candidate_path()  # decided here: MetaSchedule hands it to the runner now
+            payload = (tvm.ir.save_json(inp.mod), str(inp.target), self.kind, self.arch, self.cuda_build, path)
+            self._pending[path] = (self._executor().submit(_build_in_worker, payload), time.monotonic())
+            out.append(ms.builder.BuilderResult(path, None))
+        return out
+
+    def built(self, path, wait: bool):
+        """(artifact path or None, build error or None) of the candidate at ``path``; for one
+        that ``overlap`` is still building, None if not ``wait`` (until ``timeout`` seconds have
+        passed: a hung build fails, and the pool is restarted), else once it is built."""
+        entry = self._pending.get(path)
+        if entry is None:
+            return path, None
+        future, start = entry
+        left = self.timeout - (time.monotonic() - start)
+        if not future.done() and not wait and left > 0:
+            return None
+        try:
+            result = future.result(timeout=max(0.0, left))
+        except concurrent.futures.TimeoutError:
+            self._kill_pool()
+            result = None, self._timed_out()
+        except Exception as e:  # noqa: BLE001 - a pool killed under it, for another's hang
+            result = None, f"{type(e).__name__}: {str(e)[-500:]}"
+        del self._pending[path]
+        self._note_errors([result[1]])
+        return result
 
 
 @_derived
@@ -124,6 +176,30 @@ class _Done(ms.runner.PyRunnerFuture):
         return True
 
     def result(self):
+        return self._result
+
+
+@_derived
+class _AfterBuild(ms.runner.PyRunnerFuture):
+    """A candidate an overlapping InProcessBuilder is still building: timed (in this thread,
+    the one that owns the GPU) as soon as MetaSchedule, polling, finds its build done, or when
+    it asks for the result."""
+
+    def __init__(self, runner, inp):
+        super().__init__()
+        self._runner, self._inp, self._result = runner, inp, None
+
+    def done(self):
+        if self._result is None:
+            built = self._runner.builder.built(self._inp.artifact_path, wait=False)
+            if built is None:
+                return False
+            self._result = self._runner.measure(self._inp, *built)
+        return True
+
+    def result(self):
+        if self._result is None:
+            self._result = self._runner.measure(self._inp, *self._runner.builder.built(self._inp.artifact_path, True))
         return self._result
 
 
@@ -198,8 +274,10 @@ class InProcessRunner(ms.runner.PyRunner):
     the bench (and a training step) sees. On the CPU the calls run back to back."""
 
     def __init__(self, kind: str, number: int | None = None, repeat: int | None = None,
-                 min_repeat_ms: int | None = None, warmup_ms: float = 0.0):
+                 min_repeat_ms: int | None = None, warmup_ms: float = 0.0, builder=None):
         super().__init__()
+        # an overlapping InProcessBuilder: its candidates are timed once built (_AfterBuild)
+        self.builder = builder
         # back-to-back calls of each candidate before its timed ones (bench/bwd_parts.py
         # --stream-ab times the search's measure with and without them: the GPU idles through
         # the builds between measurements, and do_bench, the bench's timer, warms up for 25 ms)
@@ -234,25 +312,29 @@ class InProcessRunner(ms.runner.PyRunner):
         return self._args[sig][0]
 
     def run(self, runner_inputs):
+        overlapped = self.builder is not None and self.builder.overlap
+        return [_AfterBuild(self, inp) if overlapped else _Done(self.measure(inp, inp.artifact_path, None))
+                for inp in runner_inputs]
+
+    def measure(self, inp, path, build_error):
+        """The RunnerResult of the candidate built at ``path`` (None: its build failed with
+        ``build_error``)."""
         dev = tvm.cuda(0) if self.kind == "cuda" else tvm.cpu(0)
-        futures = []
-        for inp in runner_inputs:
-            try:
-                if inp.artifact_path is None:
-                    raise RuntimeError("build failed")
-                mod = load_module(inp.artifact_path)
-                args = [self._arg(i, info) for i, info in enumerate(inp.args_info)]
-                if self.warmup_ms:
-                    mod.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=self.warmup_ms)(*args)
-                timer = mod.time_evaluator("main", dev, number=self.number, repeat=self.repeat,
-                                           min_repeat_ms=self.min_repeat_ms, cache_flush_bytes=self.flush_bytes)
-                fixed = self._fixed.get(self._signature(inp.args_info), 0.0)
-                secs = [t + fixed for t in trimmed(timer(*args).results)]
-                self.measured += 1
-                futures.append(_Done(ms.runner.RunnerResult(secs, None)))
-            except Exception as e:  # noqa: BLE001
-                err = f"{type(e).__name__}: {str(e)[-1000:]}"
-                if len(self.errors) < 3 and inp.artifact_path is not None:
-                    self.errors.append(err)
-                futures.append(_Done(ms.runner.RunnerResult(None, err)))
-        return futures
+        try:
+            if path is None:
+                raise RuntimeError(f"build failed: {build_error}" if build_error else "build failed")
+            mod = load_module(path)
+            args = [self._arg(i, info) for i, info in enumerate(inp.args_info)]
+            if self.warmup_ms:
+                mod.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=self.warmup_ms)(*args)
+            timer = mod.time_evaluator("main", dev, number=self.number, repeat=self.repeat,
+                                       min_repeat_ms=self.min_repeat_ms, cache_flush_bytes=self.flush_bytes)
+            fixed = self._fixed.get(self._signature(inp.args_info), 0.0)
+            secs = [t + fixed for t in trimmed(timer(*args).results)]
+            self.measured += 1
+            return ms.runner.RunnerResult(secs, None)
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {str(e)[-1000:]}"
+            if len(self.errors) < 3 and path is not None:
+                self.errors.append(err)
+            return ms.runner.RunnerResult(None, err)

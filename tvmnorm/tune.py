@@ -145,17 +145,19 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
 
 
 def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, seed: int = 1,
-               workers: int | None = None, cuda_build: str | None = None, chunks=None, committed=None) -> dict:
+               workers: int | None = None, cuda_build: str | None = None, chunks=None, committed=None,
+               overlap: bool = False) -> dict:
     """Tune the row kernels of several keys in one MetaSchedule session (its start-up, about
     30 s of importing tensor intrinsics, is paid once per batch), with ``committed`` (packed key
-    -> record) among the candidates. Returns packed key -> record."""
+    -> record) among the candidates; with ``overlap`` the candidates compile while the search
+    goes on (InProcessBuilder). Returns packed key -> record."""
     from ._tvm import target
     from .measure import InProcessBuilder, InProcessRunner
     funcs, owner = _tasks(keys, kind, rows, chunks)
     work = logs / target_name(kind)
     work.mkdir(parents=True, exist_ok=True)
-    builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc")
-    runner = InProcessRunner(kind)
+    builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc", overlap=overlap)
+    runner = InProcessRunner(kind, builder=builder)
     add_partial_sum_costs(funcs, owner, kind, builder, runner)
     before = runner.measured
     seeded, db = search_session(keys, funcs, owner, kind, trials, work, builder, runner, seed, committed)
@@ -531,6 +533,9 @@ def batch_past_limit(keys: int, elapsed: float, tuning: float, done: int, limit:
 def tune_main(args, keys) -> None:
     started = time.time()
     kind = args.target
+    if getattr(args, "overlap_builds", False) and kind != "cuda":
+        raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
+                         "candidates are timed on")
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
     chunks = chunk_sizes(getattr(args, "chunk_rows", None))
@@ -572,7 +577,7 @@ def tune_main(args, keys) -> None:
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
         try:
             found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build,
-                               chunks, records)
+                               chunks, records, getattr(args, "overlap_builds", False))
         except TuningBroken as e:
             print(f"\nstopping: {e}", file=sys.stderr)
             raise SystemExit(2)
