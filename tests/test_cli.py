@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -100,6 +101,15 @@ def test_search_overhead_runs_the_search_without_a_gpu():
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1 keys, 1 tasks, 3 candidates (and 1 seeds: " in r.stdout and "3 trials per task" in r.stdout, \
         r.stdout[-500:]
+    # with the candidates really compiled by nvcc, while the search goes on (--overlap-builds)
+    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")):
+        pytest.skip("nvcc not installed")
+    r = subprocess.run([sys.executable, script, "--norms", "rmsnorm", "--stages", "bwd", "--hidden", "1024",
+                        "--chunk-rows", "16", "--trials", "3", "--build", "nvcc", "--overlap-builds"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "1 keys, 1 tasks, 3 candidates (and 1 seeds: " in r.stdout and "; 0 failed to build" in r.stdout, \
+        r.stdout[-500:] + r.stderr[-2000:]
 
 
 def test_search_quality_lines_up_the_tasks_of_two_runs():

@@ -215,10 +215,23 @@ class SearchOnlyBuilder(ms.builder.PyBuilder):
 
 @_derived
 class RandomTimeRunner(ms.runner.PyRunner):
-    """Times nothing: each candidate takes a random 100-200 us."""
+    """Times nothing: each candidate takes a random 100-200 us. With an overlapping
+    InProcessBuilder (``builder``) each result waits for its candidate's build, as
+    InProcessRunner's do (scripts/search_overhead.py --build: search and builds, no GPU)."""
+
+    def __init__(self, builder=None):
+        super().__init__()
+        self.builder = builder
+
+    def measure(self, inp, path, build_error):
+        if path is None:
+            return ms.runner.RunnerResult(None, f"build failed: {build_error}")
+        return ms.runner.RunnerResult([random.uniform(1e-4, 2e-4)], None)
 
     def run(self, inputs):
-        return [_Done(ms.runner.RunnerResult([random.uniform(1e-4, 2e-4)], None)) for _ in inputs]
+        if self.builder is not None and self.builder.overlap:
+            return [_AfterBuild(self, inp) for inp in inputs]
+        return [_Done(self.measure(inp, inp.artifact_path, None)) for inp in inputs]
 
 
 def random_argument(shape, dtype: str, kind: str):
