@@ -86,7 +86,7 @@ if [ -f "$STATE/lib/manifest.json" ]; then
     if [ "$checked" -eq 0 ] && [ -f "$OUT/h200-tuned.json" ]; then
       # shellcheck disable=SC2086 - PREVIOUS is a list of files
       python -m tvmnorm.tune accept "$STATE/schedules/cuda-sm_90.json" "$OUT/h200-tuned.json" \
-        "$OUT/accepted-cuda-sm_90.json" --accepted schedules/cuda-sm_90.json \
+        "$OUT/accepted-cuda-sm_90.json" --accepted schedules/cuda-sm_90.json --rejected "$OUT/rejected" \
         --previous $PREVIOUS \
         && cp "$OUT/accepted-cuda-sm_90.json" "$STATE/"  # for bench/h200_verify.sh on the same machine
     fi

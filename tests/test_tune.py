@@ -548,8 +548,11 @@ def test_a_job_tuned_from_no_records_drops_only_its_own_keys(tmp_path):
                                              (8192, "tvmnorm_tuned", 150.0), (8192, "tvmnorm_default", 130.0))]}
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     assert accept_main([str(tmp_path / "job.json"), str(tmp_path / "bench.json"), str(tmp_path / "acc.json"),
-                        "--accepted", str(tmp_path / "committed.json"), "--drop"]) == 0
+                        "--accepted", str(tmp_path / "committed.json"), "--drop", "--rejected",
+                        str(tmp_path / "rejected")]) == 0
     assert json.loads((tmp_path / "acc.json").read_text())["changes"] == {"records": [f"{b:#x}"], "dropped": []}
+    # c's retune, turned down, is kept aside as a schedules folder (bwd_parts.py --stream-ab --records)
+    assert load_records("cuda", tmp_path / "rejected") == {c: fresh[c]}
     assert merge_main([str(tmp_path / "committed.json"), str(tmp_path / "acc.json"), "--out", str(tmp_path / "m.json")]) == 0
     assert json.loads((tmp_path / "m.json").read_text())["records"] == hexed({**committed, b: fresh[b]})
 

@@ -748,6 +748,9 @@ def accept_main(argv=None) -> int:
     ap.add_argument("--previous", nargs="*", default=[],
                     help="benchmarks of the --accepted records' library (a later file's measurement of a case "
                          "wins): a retuned record slower than the one it replaces keeps that one")
+    ap.add_argument("--rejected", default=None, metavar="DIR",
+                    help="write the job's records that were not kept, as a schedules folder (DIR/<target-arch>.json), "
+                         "for bench/bwd_parts.py --stream-ab --records DIR")
     args = ap.parse_args(argv)
     # a missing benchmark must stop the accept before it judges anything: without --previous a
     # retuned record slower than the committed one would replace it (the fourteenth lease's
@@ -777,6 +780,16 @@ def accept_main(argv=None) -> int:
         data["changes"] = accept_changes(accepted, kept, records)
     pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
     print(f"kept {len(kept)} of {len(records)} records -> {args.out}")
+    if args.rejected:
+        # the traces the tune chose and the library turned down: the two leases that looked into
+        # why (the thirty-first and thirty-second) had to copy them out of the job's state by hand
+        rejected = {packed: records[packed] for packed in dropped
+                    if (kept.get(packed) or {}).get("parts") != records[packed].get("parts")}
+        path = schedules_path(kind, args.rejected)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(data, records={f"{k:#x}": v for k, v in sorted(rejected.items())}),
+                                   indent=1, sort_keys=True))
+        print(f"{len(rejected)} records not kept -> {path}")
     return 0
 
 
