@@ -785,11 +785,8 @@ def accept_main(argv=None) -> int:
         # why (the thirty-first and thirty-second) had to copy them out of the job's state by hand
         rejected = {packed: records[packed] for packed in dropped
                     if (kept.get(packed) or {}).get("parts") != records[packed].get("parts")}
-        path = schedules_path(kind, args.rejected)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dict(data, records={f"{k:#x}": v for k, v in sorted(rejected.items())}),
-                                   indent=1, sort_keys=True))
-        print(f"{len(rejected)} records not kept -> {path}")
+        save_records(kind, rejected, args.rejected)
+        print(f"{len(rejected)} records not kept -> {schedules_path(kind, args.rejected)}")
     return 0
 
 
