@@ -371,3 +371,11 @@ def test_readme_targets_count_the_issue_targets(bench_script):
         " (missed beyond a copy of their own bytes: 2048 (needs 0.65, copy at size 0.60))")
     assert lines[1] == "rmsnorm_bwd decode: <= best peer 1 of 2 (behind: 1024 x 8 (7.0 vs torch_eager 6.0 us))"
     assert len(lines) == 2
+    # a decode case of a key with a timed record but no tuned row of its own ran before the
+    # record changed: named as not measured, not counted with the default's time; a key with no
+    # tuned training row (2048: served by the default) counts its default
+    records += [rec("rmsnorm_bwd", 1024, 256, "tvmnorm_default", 8.0, 0.02), rec("rmsnorm_bwd", 1024, 256, "torch_eager", 9.0, 0.02),
+                rec("rmsnorm_bwd", 2048, 64, "tvmnorm_default", 4.0, 0.02), rec("rmsnorm_bwd", 2048, 64, "torch_eager", 5.0, 0.02)]
+    assert tables.targets(records).splitlines()[1] == (
+        "rmsnorm_bwd decode: <= best peer 2 of 3 (behind: 1024 x 8 (7.0 vs torch_eager 6.0 us)); "
+        "not measured with the committed record: 1024 x 256")

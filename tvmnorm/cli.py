@@ -127,7 +127,7 @@ def main(argv=None):
                    help="take a key's best candidate from the database of an interrupted run once "
                         "every task has this many (default: --trials); the key stays due for more")
     p.add_argument("--overlap-builds", action="store_true",
-                   help="compile candidates while the search draws the next tasks' (not yet timed on a GPU)")
+                   help="compile candidates while the search draws the next tasks' (no faster on the H200: 49.6 vs 49.5 s a key)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no batch with less than half its time left before this many seconds from "
                         "the start (at the seconds a key has taken so far, or --key-seconds); its keys stay due")
