@@ -97,13 +97,13 @@ def targets(records: list) -> str:
         if r["dtype"] == "bf16" and r["rows"] != train_rows(r["hidden"]) and r.get("status") == "ok":
             decode.setdefault((r["op"], r["hidden"], r["rows"]), {})[r["impl"]] = r
     for op in TRAIN:
-        # a key whose record the training run timed serves its decode rows with that record too
-        # (unless they are small enough for the decode kernels): a decode case with no tuned row
-        # of its own was not measured since the record changed, and the default's time would
-        # stand in for a kernel that did not run
-        unmeasured = [k for k, v in sorted(decode.items()) if k[0] == op and "tvmnorm_tuned" not in v
-                      and "tvmnorm_tuned" in c.get((op, k[1]), {})]
-        pairs = [(served(v), best_peer(v)) for k, v in sorted(decode.items()) if k[0] == op and k not in unmeasured]
+        # a key whose record the training run timed has tuned decode rows: those the record
+        # serves from the run whose library held it, those the decode kernels serve from any
+        # (bench.merge). A decode case without one was not measured since the record changed,
+        # and the default's time would stand in for a kernel that did not run
+        of_op = [(k, v) for k, v in sorted(decode.items()) if k[0] == op]
+        unmeasured = [k for k, v in of_op if "tvmnorm_tuned" not in v and "tvmnorm_tuned" in c.get((op, k[1]), {})]
+        pairs = [(served(v), best_peer(v)) for k, v in of_op if k not in unmeasured]
         pairs = [(s, p) for s, p in pairs if s and p]
         if pairs:
             behind = [f"{s['hidden']} x {s['rows']} ({s['us']:.1f} vs {p['impl']} {p['us']:.1f} us)"
