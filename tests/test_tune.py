@@ -1302,3 +1302,21 @@ def test_the_cost_model_ranks_held_out_h200_candidates(h200_bwd_candidates, monk
         assert statistics.mean(correlations) > 0.4 and statistics.mean(best_in_top8) > 0.98, (correlations, best_in_top8)
     else:
         assert statistics.mean(correlations) < 0, correlations
+
+
+def test_the_cost_model_ranks_after_one_round(h200_bwd_candidates):
+    """After one round of measured candidates (tune.COST_MODEL_WARMUP), the model's scores are
+    its own, not MetaSchedule's random warm-up scores (those came for the first 100 candidates
+    of a session: a one-key retune never used the model)."""
+    import numpy as np
+    from tvmnorm import tune
+    from tvmnorm._tvm import ms, target
+    from tvmnorm.targets import target_spec
+    model = tune._cost_model("llvm")
+    mod, measured = h200_bwd_candidates[0]
+    ctx = ms.TuneContext(mod=mod, target=target(target_spec("cuda")), num_threads=1)
+    train, test = measured[:tune.COST_MODEL_WARMUP], measured[tune.COST_MODEL_WARMUP:]
+    model.update(ctx, [c for c, _ in train], [ms.runner.RunnerResult([s], None) for _, s in train])
+    first = np.array(model.predict(ctx, [c for c, _ in test]))
+    assert np.array_equal(first, np.array(model.predict(ctx, [c for c, _ in test])))
+    assert len(set(first.tolist())) > 1
