@@ -5,6 +5,7 @@ of a point of the space once the row guards are gone, without a GPU.
     python bench/sass_counts.py --knob chunk_weights     # the dx points with and without another knob
     python bench/sass_counts.py --records bwd            # registers/spills of the committed records
     python bench/sass_counts.py --variants layernorm:2048  # ... of every fused dx variant of a key
+    python bench/sass_counts.py --layouts layernorm:8192     # ... of every unstaged point, held or not
 
 Each point's kernel (the int32-row copy the library serves, as a tuning candidate compiles) goes
 through nvcc -cubin for sm_90; cuobjdump -sass lists its instructions. A full_chunks kernel holds
@@ -15,7 +16,7 @@ records' shapes. With --knob, the dx points are counted with that CudaRowConfig 
 on (their own full_chunks kept), and the load instructions (LDG) apart. No triton or GPU needed
 (cuobjdump ships with the CUDA toolkit; the triton wheel carries one too: `pip download --no-deps
 triton==3.6.0`, then unzip triton/backends/nvidia/bin/ from it: cuobjdump runs the nvdisasm there,
-which must be on PATH). --records and --variants need nvcc alone.
+which must be on PATH). --records, --variants and --layouts need nvcc alone.
 """
 from __future__ import annotations
 
@@ -120,6 +121,37 @@ def variant_usage(spec: str, work: pathlib.Path) -> None:
               f"{stores}/{loads} B", flush=True)
 
 
+def layout_usage(specs: str, work: pathlib.Path) -> None:
+    """Registers and spills of every unstaged fused dx point of the bf16 backward keys ``specs``
+    (NORM:HIDDEN,...): each thread layout the space offers (space._fused_layouts), prefetch,
+    stages and chunk_weights, whether or not the register limit admits it, at the default unroll
+    and min_blocks; what fused_register_limit's allowance for addresses is chosen by. ``vectors``
+    counts the vectors of the row a thread holds, ``held`` whether the space holds the point."""
+    from tvmnorm.compute.norms import CUDA_CHUNK_ROWS
+    from tvmnorm.sched import space
+    for spec in specs.split(","):
+        norm, hidden = spec.split(":")
+        key = NormKey(norm=norm, stage="bwd", hidden_size=int(hidden))
+        held = set(space.fused_cuda_variants(key, staged=False))
+        for threads, vec, per_thread, _ in space._fused_layouts(key):
+            for prefetch in space.PREFETCH:
+                for stages in space.STAGES if prefetch in space.PIPELINED_PREFETCH else (1,):
+                    if any(t % prefetch for t in CUDA_CHUNK_ROWS) or stages * prefetch > min(CUDA_CHUNK_ROWS):
+                        continue
+                    limit = space.fused_register_limit(threads, vectors=per_thread // vec, rows=prefetch * stages)
+                    for weights in (False, True):
+                        model = space.fused_registers(key.column_sums, per_thread, prefetch, 2, stages,
+                                                      2 if weights else 0)
+                        cfg = CudaRowConfig(threads=threads, vec=vec, prefetch=prefetch, stages=stages,
+                                            chunk_weights=weights)
+                        _, usage = cubin(source(key, cfg, "dx"), work)
+                        (regs, _, stores, loads), = [u for name, u in usage.items() if name.endswith("_dx_kernel")]
+                        print(f"{key.name} dx {threads}x{vec} vectors {per_thread // vec} prefetch {prefetch} "
+                              f"stages {stages} chunk_weights {int(weights)}: fused_registers {model}, limit {limit}, "
+                              f"held {int((threads, vec, prefetch, stages, weights, False) in held)}, ptxas {regs} "
+                              f"registers, spilled {stores}/{loads} B", flush=True)
+
+
 def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
     """The dx points with ``knob`` off and on."""
     for key, cfg, part in POINTS:
@@ -139,6 +171,8 @@ def main():
                     "records' row kernels of STAGE (fwd, bwd) instead")
     ap.add_argument("--variants", default=None, metavar="NORM:HIDDEN", help="registers and spills of every fused "
                     "dx variant of that bf16 backward key instead")
+    ap.add_argument("--layouts", default=None, metavar="NORM:HIDDEN,...", help="registers and spills of every "
+                    "unstaged fused dx point of those bf16 backward keys, held by the space or not, instead")
     ap.add_argument("--knob", default=None, help="a boolean CudaRowConfig field of the dx (e.g. chunk_weights) to "
                     "count off and on instead of full_chunks")
     ap.add_argument("--no-tir-cse", action="store_true", help="compile without TVM's common subexpression "
@@ -154,6 +188,8 @@ def main():
             return record_usage(args.records, work)
         if args.variants:
             return variant_usage(args.variants, work)
+        if args.layouts:
+            return layout_usage(args.layouts, work)
         if args.knob:
             return knob_counts(args.knob, args.cuobjdump, work)
         for key, cfg, part in POINTS:

@@ -907,7 +907,8 @@ def test_fused_variants_hold_gamma_where_its_registers_fit():
     assert held and held < plain
     for threads, vec, prefetch, stages in plain:
         per_thread = -(-8192 // (threads * vec)) * vec
-        fits = fused_registers(2, per_thread, prefetch, 2, stages, weight_bytes=2) <= fused_register_limit(threads)
+        fits = fused_registers(2, per_thread, prefetch, 2, stages, weight_bytes=2) <= fused_register_limit(
+            threads, vectors=per_thread // vec, rows=prefetch * stages)
         assert ((threads, vec, prefetch, stages) in held) == fits
     func = tuning_func(key, "dx", 256, "cuda", 32)
     spaces = space_fn(key, "cuda")(Schedule(func))
@@ -915,6 +916,22 @@ def test_fused_variants_hold_gamma_where_its_registers_fit():
     caches = [sum(sch.get(b).name_hint == "gamma_local" for b in sch.get_child_blocks(sch.get_sblock("root")))
               for sch in spaces]
     assert len(spaces) == len(variants) and [c == 1 for c in caches] == [v[4] for v in variants]
+
+
+def test_one_vector_layouts_keep_two_rows_in_flight():
+    """A thread holding one vector of the row needs fewer registers for addresses (ptxas:
+    bench/results/sass-variant-registers.txt), so layernorm 8192 at 1024 x 8 and 7168 at 896 x 8
+    load two rows ahead (prefetch 2, or 1 x 2 stages), which the 40-register allowance of wider
+    layouts pruned; four rows, or two groups of two, still exceed it, and layouts of 2-4 vectors
+    a thread, or more rows in flight, keep the wider allowance."""
+    from tvmnorm.sched.space import fused_cuda_variants, fused_register_limit
+    for hidden, threads in ((8192, 1024), (7168, 896)):
+        points = {v[2:5] for v in fused_cuda_variants(NormKey(norm="layernorm", stage="bwd", hidden_size=hidden),
+                                                     staged=False) if v[:2] == (threads, 8)}
+        assert {(2, 1, True), (1, 2, True)} <= points
+        assert not {p for p in points if p[0] * p[1] >= 4}
+    assert fused_register_limit(1024, vectors=1, rows=2) == 36
+    assert fused_register_limit(1024, vectors=2, rows=2) == fused_register_limit(1024, vectors=1, rows=4) == 24
 
 
 def test_staged_variants_fit_cp_async_and_shared_memory():

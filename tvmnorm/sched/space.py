@@ -214,11 +214,15 @@ def fused_registers(s: int, per_thread: int, prefetch: int, elem_bytes: int, sta
     return s * per_thread + stages * prefetch * per_thread * elem_bytes // 2 + -(-per_thread * weight_bytes // 4)
 
 
-def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS) -> int:
+def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS, vectors: int = 0, rows: int = 0) -> int:
     """What the sums and rows may take in a block of ``threads``: 64K registers per SM shared
     by the block's threads (__launch_bounds__ caps a 1024-thread block at 64 each), less ~40
-    for addresses and the math."""
-    return min(cap, 65536 // threads - 40)
+    for addresses and the math, or ~28 where a thread holds ``vectors`` = 1 vector of the row
+    and at most 2 ``rows`` are in flight. ptxas (bench/results/sass-variant-registers.txt) fits
+    layernorm 8192 at 1024 x 8 and 7168 at 896 x 8 with two rows in flight (fused_registers
+    32-36) in 64-72 registers without spilling, which the 40 pruned; with 2-4 vectors a thread,
+    or 8 rows in flight, 28 admits points that spill 24-730 bytes."""
+    return min(cap, 65536 // threads - (28 if vectors == 1 and 1 <= rows <= 2 else 40))
 
 
 def _fused_layouts(key: NormKey):
@@ -248,11 +252,12 @@ def fused_cuda_variants(key: NormKey, staged: bool | None = None) -> list:
     s = key.column_sums
     size, weight_bytes = DTYPE_BYTES[key.itype], DTYPE_BYTES[key.wtype]
     out = []
-    for threads, vec, per_thread, limit in _fused_layouts(key):
+    for threads, vec, per_thread, _ in _fused_layouts(key):
         for prefetch in PREFETCH:
             if any(t % prefetch for t in CUDA_CHUNK_ROWS):
                 continue
             for stages in STAGES if prefetch in PIPELINED_PREFETCH else (1,):
+                limit = fused_register_limit(threads, vectors=per_thread // vec, rows=prefetch * stages)
                 regs = fused_registers(s, per_thread, prefetch, size, stages)
                 fits = regs <= limit or (prefetch, stages) == (1, 1)
                 if fits and stages * prefetch <= min(CUDA_CHUNK_ROWS):
