@@ -54,6 +54,12 @@ run=(--target cuda "${keys[@]}" ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --tria
 # (e.g. 60 for the bf16 backward at 48 trials): such a batch keeps nothing of MIN_TRIALS
 # (tune.batch_past_limit). OVERLAP=1: candidates compile while the search draws the next tasks'
 # (tvmnorm tune --overlap-builds; no faster on the H200: 49.6 vs 49.5 s a key, thirty-third lease)
+# a budget computed by the calling script can come out too small (thirty-fifth lease: a probe
+# ahead of the tune took twice its planned time, leaving --time-limit -9 s): say so, not tune nothing
+if [ "${TUNE_SECONDS:-420}" -lt 90 ]; then
+  echo "!! TUNE_SECONDS=${TUNE_SECONDS} leaves under a minute of tuning after the 30 s kept for the library build" | tee "$OUT/tune.log"
+  exit 1
+fi
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \
   --time-limit $(( ${TUNE_SECONDS:-420} - 30 )) ${KEY_SECONDS:+--key-seconds "$KEY_SECONDS"} ${OVERLAP:+--overlap-builds} \
   2>&1 | grep -v "\[INFO\]\|\[DEBUG\]" | tr '\r' '\n' > "$STATE/tune-full.log"
