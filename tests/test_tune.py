@@ -934,6 +934,41 @@ def test_one_vector_layouts_keep_two_rows_in_flight():
     assert fused_register_limit(1024, vectors=2, rows=2) == fused_register_limit(1024, vectors=1, rows=4) == 24
 
 
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=7168),
+                                 NormKey(norm="layernorm", stage="bwd", hidden_size=128),
+                                 NormKey(stage="bwd_add", hidden_size=1000, itype="fp16", wtype="fp16", otype="fp16")],
+                         ids=lambda k: k.name)
+def test_the_fused_space_holds_only_launchable_points(key):
+    """The search draws the fused backward's points without VerifyGPUCode (tune._postprocs: it
+    lowered every drawn point, ~30% of a search's time), so the space itself must hold no point
+    a GPU refuses: every structural variant at its most chunk lanes a block (the most threads
+    and shared memory it can ask for) passes it (scripts/launchable_points.py checks every lane
+    count: 26030 points of the bf16 and fp16 catalog's spaces, none refused). The forward's
+    space keeps the check: its threads and rows are sampled apart."""
+    from tvmnorm._tvm import IRModule, Schedule, ms, target, without_tensor_intrinsics
+    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
+    from tvmnorm.sched.space import fused_cuda_variants, fused_lanes
+    from tvmnorm.targets import target_spec
+    from tvmnorm.tune import _postprocs, tune_rows
+    assert [type(p).__name__ for p in _postprocs("cuda", key.stage)] == ["RewriteReductionBlock"]
+    assert "VerifyGPUCode" in [type(p).__name__ for p in _postprocs("cuda", "fwd")]
+    func = tuning_func(key, "dx", tune_rows(key, "cuda"), "cuda", 32)
+    with without_tensor_intrinsics():
+        ctx = ms.TuneContext(mod=IRModule({"main": func}), target=target(target_spec("cuda")), num_threads=1)
+    verify = ms.postproc.VerifyGPUCode()
+    verify._initialize_with_tune_context(ctx)
+    refused = []
+    for threads, vec, prefetch, stages, weights, staged in fused_cuda_variants(key):
+        lanes = max(fused_lanes((threads, vec, prefetch, stages, weights, staged)))
+        cfg = CudaRowConfig(threads=threads, rows=lanes, vec=vec, prefetch=prefetch, stages=stages,
+                            chunk_weights=weights, staged=staged, full_chunks=1)
+        sch = Schedule(func)
+        schedule_rows_cuda(None, cfg, sch=sch)
+        if not verify.apply(sch):
+            refused.append(cfg)
+    assert not refused, refused
+
+
 def test_staged_variants_fit_cp_async_and_shared_memory():
     """The staged fused variants (space.staged_cuda_variants) copy vectors cp.async takes, hold
     their groups in flight within a block's static shared memory and the smallest chunk, and
