@@ -945,27 +945,12 @@ def test_the_fused_space_holds_only_launchable_points(key):
     and shared memory it can ask for) passes it (scripts/launchable_points.py checks every lane
     count: 26030 points of the bf16 and fp16 catalog's spaces, none refused). The forward's
     space keeps the check: its threads and rows are sampled apart."""
-    from tvmnorm._tvm import IRModule, Schedule, ms, target, without_tensor_intrinsics
-    from tvmnorm.sched.rows import CudaRowConfig, schedule_rows_cuda
-    from tvmnorm.sched.space import fused_cuda_variants, fused_lanes
-    from tvmnorm.targets import target_spec
-    from tvmnorm.tune import _postprocs, tune_rows
+    from tvmnorm.sched.space import fused_cuda_variants
+    from tvmnorm.tune import _postprocs, refused_fused_points
     assert [type(p).__name__ for p in _postprocs("cuda", key.stage)] == ["RewriteReductionBlock"]
     assert "VerifyGPUCode" in [type(p).__name__ for p in _postprocs("cuda", "fwd")]
-    func = tuning_func(key, "dx", tune_rows(key, "cuda"), "cuda", 32)
-    with without_tensor_intrinsics():
-        ctx = ms.TuneContext(mod=IRModule({"main": func}), target=target(target_spec("cuda")), num_threads=1)
-    verify = ms.postproc.VerifyGPUCode()
-    verify._initialize_with_tune_context(ctx)
-    refused = []
-    for threads, vec, prefetch, stages, weights, staged in fused_cuda_variants(key):
-        lanes = max(fused_lanes((threads, vec, prefetch, stages, weights, staged)))
-        cfg = CudaRowConfig(threads=threads, rows=lanes, vec=vec, prefetch=prefetch, stages=stages,
-                            chunk_weights=weights, staged=staged, full_chunks=1)
-        sch = Schedule(func)
-        schedule_rows_cuda(None, cfg, sch=sch)
-        if not verify.apply(sch):
-            refused.append(cfg)
+    checked, refused = refused_fused_points(key, every_lane=False)
+    assert checked == len(fused_cuda_variants(key))
     assert not refused, refused
 
 
