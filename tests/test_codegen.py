@@ -86,6 +86,32 @@ def test_cuda_bwd_keeps_the_partial_sums_in_registers(key):
     assert not re.search(r"= [^;]*part_ptr\[", body)
 
 
+ZEROED_SUM = re.compile(r"part_local_ptr\[(\d+)\] = 0x0p\+0f")
+
+
+@pytest.mark.parametrize("key,cfg,group", [
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=8192), dict(threads=512, vec=8, prefetch=2, full_chunks=1), 1),
+    (NormKey(stage="bwd_add", hidden_size=1000), dict(threads=128, vec=8, prefetch=2, stages=2), 1),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=2048), dict(threads=128, vec=8, prefetch=2, staged=1,
+                                                                     stages=2), 1),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=4096), dict(threads=512, vec=8, prefetch=2), 2),
+    (NormKey(stage="bwd", hidden_size=128), None, 1)], ids=lambda v: getattr(v, "name", None))
+def test_dx_zeroes_its_running_sums_once_before_the_walk(key, cfg, group):
+    """The partial sums' init (_tvm._hoist_sum_inits) runs before the walk over the chunk's
+    rows, once per sum, not under `if (row == 0)` at each row's update (one FSEL per sum per row
+    on the H200): every walk of the kernel (full_chunks' two copies, a pipelined walk's prologue
+    and epilogue, grouped row sums) only adds to them."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    rows_cfg = None if cfg is None else CudaRowConfig(rows=max(1, 128 // cfg["threads"]), **cfg)
+    body = kernel(cuda_source(key, row_config=rows_cfg, group_rows=group), "dx")
+    walk = body.index("for (")
+    zeroed = ZEROED_SUM.findall(body)
+    size = int(re.search(r"float part_local_ptr\[(\d+)\];", body)[1])
+    assert sorted(map(int, zeroed)) == list(range(size)), zeroed
+    assert body.rindex("part_local_ptr[0] = 0x0p+0f") < walk
+    assert not re.search(r"== 0\)+ \{\s*part_local_ptr", body)
+
+
 def test_finalize_splits_the_partials_over_lanes():
     """Many partials (QK-norm: 8192 at 524288 rows of 128) are summed by many threadIdx.y lanes
     per column (finalize_split) and a fixed-order tree, not one serial thread per column."""

@@ -796,6 +796,116 @@ def _stats_first(func, _mod, _ctx):
     return func.with_body(body) if moved else func
 
 
+# The fused dx kernel's running sums (the weight-gradient partials in registers,
+# sched.rows._cuda_partials) keep their reduction's init inside the walk over the chunk's rows:
+# `if (t == 0) part[k] = 0` before each row's update of each sum (the partial block cannot be
+# decompose_reduction'ed there: sched.rows._chunk_rows). nvcc does not peel the walk's first
+# row: on the H200 layernorm bwd 8192's dx ran one FSEL (and its test) per running sum per row,
+# 4.19M of them, 4% of its instructions (bench/results/h200-run34/ncu). The init stores a
+# constant to registers that nothing reads before that first update, so it runs once before
+# the walk instead.
+def _positive_sum_vars(expr):
+    """The variables of ``expr`` where it is a sum of variables with positive integer
+    coefficients (so 0 exactly where each of them is, over loops from 0), else None."""
+    if isinstance(expr, tirx.Var):
+        return [expr]
+    if isinstance(expr, tirx.Add):
+        a, b = _positive_sum_vars(expr.a), _positive_sum_vars(expr.b)
+        return None if a is None or b is None else a + b
+    if isinstance(expr, tirx.Mul):
+        for v, c in ((expr.a, expr.b), (expr.b, expr.a)):
+            if isinstance(c, tirx.IntImm) and c.value > 0:
+                return _positive_sum_vars(v)
+    return None
+
+
+def _first_iteration_inits(stmt, loops, guards, found):
+    """Append (node, enclosing loops, enclosing conditions) for each ``if (E == 0) buf[i] =
+    constant`` reached from ``stmt`` through loops, statement lists and ifs without else."""
+    if isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            _first_iteration_inits(s, loops, guards, found)
+    elif isinstance(stmt, tirx.For):
+        _first_iteration_inits(stmt.body, loops + [stmt], guards, found)
+    elif not isinstance(stmt, tirx.IfThenElse) or stmt.else_case is not None:
+        return
+    elif isinstance(stmt.then_case, tirx.BufferStore) and isinstance(stmt.then_case.value, (tirx.FloatImm, tirx.IntImm)) \
+            and isinstance(stmt.condition, tirx.EQ) and _is_zero(stmt.condition.b):
+        found.append((stmt, loops, guards))
+    else:
+        _first_iteration_inits(stmt.then_case, loops, guards + [stmt.condition], found)
+
+
+def _vars_of(exprs) -> list:
+    found = []
+    for e in exprs:
+        _walk(e, tirx.Var, found.append)
+    return found
+
+
+def _hoisted_init(loop, node, loops, guards):
+    """The loop nest that runs ``node``'s store once for each element it initialises, before
+    ``loop``; None where the store is not an init of ``loop``'s first iteration alone: its
+    condition must be a positive sum of ``loop``'s variable and of enclosing loops' from 0, its
+    buffer a register array allocated outside ``loop``, its indices and enclosing conditions
+    functions of other enclosing loops of constant extents (and of what is fixed outside
+    ``loop``: the thread)."""
+    store = node.then_case
+    first = _positive_sum_vars(node.condition.a)
+    if first is None or not any(v.same_as(loop.loop_var) for v in first) or not _is_zero(loop.min):
+        return None
+
+    def loop_of(v):
+        return next((lp for lp in loops if lp.loop_var.same_as(v)), None)
+    if any(not v.same_as(loop.loop_var) and (loop_of(v) is None or not _is_zero(loop_of(v).min)) for v in first):
+        return None
+    allocated, bound = [], [loop.loop_var]
+    _walk(loop.body, tirx.AllocBuffer, lambda a: allocated.append(a.buffer))
+    _walk(loop.body, tirx.For, lambda f: bound.append(f.loop_var))
+    _walk(loop.body, (tirx.Bind, tirx.LetStmt), lambda b: bound.append(b.var))
+    if store.buffer.scope() != "local" or any(b.same_as(store.buffer) for b in allocated):
+        return None
+    used = _vars_of(store.indices)
+    if any(loop_of(v) is None or any(v.same_as(f) for f in first) for v in used):
+        return None
+    nest = [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
+    if any(not isinstance(lp.min, tirx.IntImm) or not isinstance(lp.extent, tirx.IntImm) for lp in nest):
+        return None
+    inner = [lp.loop_var for lp in nest]
+    if any(any(v.same_as(b) for b in bound) and not any(v.same_as(i) for i in inner) for v in _vars_of(guards)):
+        return None
+    fresh = [(lp.loop_var, tirx.Var(lp.loop_var.name + "_init", lp.loop_var.ty)) for lp in nest]
+    body = store if not guards else tirx.IfThenElse(_and(guards), store, None)
+    body = tvm_ffi.structural_map(body, [(tirx.Var, lambda v: next((n for o, n in fresh if o.same_as(v)), v))])
+    for lp, (_, var) in reversed(list(zip(nest, fresh))):
+        body = tirx.For(var, lp.min, lp.extent, lp.kind, body, annotations=lp.annotations)
+    return body
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == 0
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.HoistSumInits")
+def _hoist_sum_inits(func, _mod, _ctx):
+    def hoist(loop):
+        if loop.kind != tirx.ForKind.SERIAL:
+            return loop
+        found = []
+        _first_iteration_inits(loop.body, [], [], found)
+        inits = [(node, _hoisted_init(loop, node, loops, guards)) for node, loops, guards in found]
+        inits = [(node, nest) for node, nest in inits if nest is not None]
+        if not inits:
+            return loop
+        hoisted = [node for node, _ in inits]
+        body = tvm_ffi.structural_map(loop.body, [(tirx.IfThenElse, lambda n: tirx.Evaluate(0) if any(
+            n.same_as(h) for h in hoisted) else n)])
+        return tirx.SeqStmt([nest for _, nest in inits] + [
+            tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations,
+                     loop.step, loop.span)])
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, hoist)]))
+
+
 def _install_unroll_by():
     """Run _stream_loads, _guard_reduction_stores, _amax_fold, _stats_first, _full_chunks and
     _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks the pass
@@ -811,7 +921,7 @@ def _install_unroll_by():
         # copy its own
         # the guards first: a whole block's copy (_full_chunks) drops them with the others
         return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _amax_fold, _stats_first,
-                                         _full_chunks, _unroll_annotated,
+                                         _hoist_sum_inits, _full_chunks, _unroll_annotated,
                                          tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True
