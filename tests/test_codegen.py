@@ -87,6 +87,7 @@ def test_cuda_bwd_keeps_the_partial_sums_in_registers(key):
 
 
 ZEROED_SUM = re.compile(r"part_local_ptr\[(\d+)\] = 0x0p\+0f")
+ZEROED_IN_WALK = re.compile(r"== \(?(int64_t)?\)?0\)+ \{\s*part_local_ptr")
 
 
 @pytest.mark.parametrize("key,cfg,group", [
@@ -94,22 +95,33 @@ ZEROED_SUM = re.compile(r"part_local_ptr\[(\d+)\] = 0x0p\+0f")
     (NormKey(stage="bwd_add", hidden_size=1000), dict(threads=128, vec=8, prefetch=2, stages=2), 1),
     (NormKey(norm="layernorm", stage="bwd", hidden_size=2048), dict(threads=128, vec=8, prefetch=2, staged=1,
                                                                      stages=2), 1),
-    (NormKey(norm="layernorm", stage="bwd", hidden_size=4096), dict(threads=512, vec=8, prefetch=2), 2),
-    (NormKey(stage="bwd", hidden_size=128), None, 1)], ids=lambda v: getattr(v, "name", None))
-def test_dx_zeroes_its_running_sums_once_before_the_walk(key, cfg, group):
-    """The partial sums' init (_tvm._hoist_sum_inits) runs before the walk over the chunk's
-    rows, once per sum, not under `if (row == 0)` at each row's update (one FSEL per sum per row
-    on the H200): every walk of the kernel (full_chunks' two copies, a pipelined walk's prologue
-    and epilogue, grouped row sums) only adds to them."""
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=4096), dict(threads=512, vec=8, prefetch=2), 2)],
+    ids=lambda v: getattr(v, "name", None))
+def test_hoist_inits_zeroes_the_running_sums_once_before_the_walk(key, cfg, group):
+    """hoist_inits (_tvm.HOIST_INITS): the partial sums' init runs before the walk over the
+    chunk's rows, once per sum, not under `if (row == 0)` at each row's update (one FSEL per sum
+    per row on the H200): every walk of the kernel (full_chunks' two copies, a pipelined walk's
+    prologue and epilogue, grouped row sums) only adds to them. Without it (the default rule's
+    and every record tuned before the knob) the init stays where TVM lowers it."""
     from tvmnorm.sched.rows import CudaRowConfig
-    rows_cfg = None if cfg is None else CudaRowConfig(rows=max(1, 128 // cfg["threads"]), **cfg)
-    body = kernel(cuda_source(key, row_config=rows_cfg, group_rows=group), "dx")
-    walk = body.index("for (")
+    rows = max(1, 128 // cfg["threads"])
+    inside = kernel(cuda_source(key, row_config=CudaRowConfig(rows=rows, **cfg), group_rows=group), "dx")
+    assert ZEROED_IN_WALK.search(inside)
+    body = kernel(cuda_source(key, row_config=CudaRowConfig(rows=rows, hoist_inits=1, **cfg), group_rows=group), "dx")
     zeroed = ZEROED_SUM.findall(body)
     size = int(re.search(r"float part_local_ptr\[(\d+)\];", body)[1])
     assert sorted(map(int, zeroed)) == list(range(size)), zeroed
-    assert body.rindex("part_local_ptr[0] = 0x0p+0f") < walk
-    assert not re.search(r"== 0\)+ \{\s*part_local_ptr", body)
+    assert body.rindex("part_local_ptr[0] = 0x0p+0f") < body.index("for (")
+    assert not ZEROED_IN_WALK.search(body)
+    assert "hoist" not in body
+
+
+def test_hoist_inits_is_a_dx_schedule():
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="hoist_inits must be 0 or 1"):
+        CudaRowConfig(hoist_inits=2)
+    with pytest.raises(ValueError, match="hoist_inits is a dx schedule"):
+        cuda_source(NormKey(hidden_size=1024), row_config=CudaRowConfig(threads=128, vec=8, hoist_inits=1))
 
 
 def test_finalize_splits_the_partials_over_lanes():

@@ -374,6 +374,28 @@ def test_cuda_dx_walking_whole_chunks(norm, stage, dtype, hidden, threads, vec, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, "T-1", "T+1", 4097))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,cfg,group", [
+    ("layernorm", "bwd", "bf16", 7168, dict(threads=448, vec=8, prefetch=1, stages=2, full_chunks=1), 1),
+    ("rmsnorm", "bwd", "bf16", 8192, dict(threads=512, vec=8, prefetch=2, chunk_weights=True, full_chunks=1), 1),
+    ("layernorm", "bwd_add", "fp32", 1000, dict(threads=128, vec=4, prefetch=2, stages=2, min_blocks=2), 1),
+    ("layernorm", "bwd", "bf16", 2048, dict(threads=128, vec=8, prefetch=2, stages=2, staged=True), 1),
+    ("rmsnorm", "bwd_add", "fp16", 4095, dict(threads=1024, vec=1, prefetch=1), 1),
+    ("layernorm", "bwd", "bf16", 4096, dict(threads=512, vec=8, prefetch=2), 2)])
+def test_cuda_dx_hoisting_the_sums_init(norm, stage, dtype, hidden, cfg, group, rows, rng, seed):
+    """The dx kernel that zeroes its running sums once before the walk (hoist_inits,
+    _tvm.HOIST_INITS): right against float64 with one row, a chunk one row short of T, one past
+    it and a last chunk of one row (chunks past n: sums of zero rows), walking whole chunks,
+    pipelined, staged in shared memory, under a register cap, with gamma held, a column tail,
+    bwd_add and grouped row sums."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    threads = cfg["threads"]
+    cfg = CudaRowConfig(rows=1 if cfg.get("staged") else max(1, 128 // threads), hoist_inits=1, **cfg)
+    kernel = variant_kernel(key, "cuda", cfg, group_rows=group)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, "T-1", "T", "T+1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,cfg", [
     ("layernorm", "bwd", "bf16", 8192, dict(threads=512, vec=8, prefetch=2, full_chunks=1)),

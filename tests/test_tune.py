@@ -852,16 +852,16 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
 def test_search_population_follows_the_space_size():
     """The population drawn each round is the space's size (32..256): the fused CUDA backward's
     ~100-370 points over 67-134 design spaces took ~9 s per task and round to draw at 256. The
-    backward's min_blocks and full_chunks factors are left out of it (population_points): they
-    would make a batch's population 176 instead of 32 and the draw ~5x longer, for rounds that
-    measure 8."""
-    from tvmnorm.sched.space import (FULL_CHUNKS, MIN_BLOCKS, STREAM, fwd_kept_variants, kept_guarded,
+    backward's min_blocks, full_chunks and hoist_inits factors are left out of it
+    (population_points): they would make a batch's population 352 instead of 32 and the draw
+    ~10x longer, for rounds that measure 8."""
+    from tvmnorm.sched.space import (FULL_CHUNKS, HOIST_INITS, MIN_BLOCKS, STREAM, fwd_kept_variants, kept_guarded,
                                      population_points, space_size)
     from tvmnorm.tune import _search
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=4096)
     assert 32 < population_points(bwd, "cuda") < 256
-    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(STREAM)
-                                                                      * population_points(bwd, "cuda"))
+    assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (
+        len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(HOIST_INITS) * len(STREAM) * population_points(bwd, "cuda"))
     assert _search(population_points(bwd, "cuda")).population_size == population_points(bwd, "cuda")
     ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192, itype="fp32", otype="fp32", wtype="fp32")
     assert population_points(ln8192, "cuda") < 32 and _search(population_points(ln8192, "cuda")).population_size == 32
@@ -999,13 +999,13 @@ def test_fused_space_samples_only_valid_block_sizes():
     """Each fused variant samples only the chunk lanes per block that keep a block within 1024
     threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168
     held 20 invalid points, which MetaSchedule kept sampling to find the 15 valid ones)."""
-    from tvmnorm.sched.space import (FULL_CHUNKS, ROWS, STREAM, fused_cuda_variants, fused_rows, min_blocks_choices,
-                                     space_size)
+    from tvmnorm.sched.space import (FULL_CHUNKS, HOIST_INITS, ROWS, STREAM, fused_cuda_variants, fused_rows,
+                                     min_blocks_choices, space_size)
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
     variants = fused_cuda_variants(bwd)
     assert all(v[0] * r <= 1024 for v in variants for r in fused_rows(v[0]))
     assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) * len(min_blocks_choices(t)) * len(FULL_CHUNKS)
-                                          * len(STREAM) for t, *_ in variants)
+                                          * len(HOIST_INITS) * len(STREAM) for t, *_ in variants)
     assert sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
     assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
     # an SM holds 2048 threads: a lane of 1024 threads may ask for 2 blocks, of 448 for 4
@@ -1357,3 +1357,34 @@ def test_the_cost_model_ranks_after_one_round(h200_bwd_candidates):
     first = np.array(model.predict(ctx, [c for c, _ in test]))
     assert np.array_equal(first, np.array(model.predict(ctx, [c for c, _ in test])))
     assert len(set(first.tolist())) > 1
+
+
+def test_with_hoist_inits_sets_the_knob_of_a_record_tuned_with_or_before_it():
+    """tune.with_hoist_inits (scripts/hoist_ab.py): a record tuned before the knob gets its dx
+    walk annotated, a sampled one its decision drawn again; either builds the kernel whose
+    running sums are zeroed before the walk, and 0 the one that zeroes them at its first row.
+    The committed records that took it say what the GPU measured with and without."""
+    from conftest import generated_cuda
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched.space import cuda_space, fused_cuda_variants
+    from tvmnorm.tune import hoist_inits_of, load_records, record_trace, tuning_func, with_hoist_inits
+    zeroed_in_walk = re.compile(r"== \(?(int64_t)?\)?0\)+ \{\s*part_local_ptr")
+
+    def zeroes_in_walk(key, record):
+        return bool(zeroed_in_walk.search(generated_cuda(scheduled_funcs(key, "cuda", record, parts=["dx"]))))
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
+    sch = Schedule(tuning_func(key, "dx", 2048, "cuda", 32))
+    cuda_space(key, fused=fused_cuda_variants(key)[0])(sch)
+    sampled = {"parts": {"dx": record_trace(sch.trace)}, "rows_per_partial": 32}
+    for value in (1, 0, 1):
+        sampled = with_hoist_inits(sampled, value)
+        assert hoist_inits_of(sampled) == value and zeroes_in_walk(key, sampled) == (value == 0)
+    committed = load_records("cuda")
+    adopted = {k: r for k, r in committed.items() if "hoist_inits_ab" in r}
+    assert adopted and all(hoist_inits_of(r) == 1 for r in adopted.values())
+    assert all(max(r["hoist_inits_ab"]["on_us"]) < min(r["hoist_inits_ab"]["off_us"]) for r in adopted.values())
+    old = committed[NormKey(norm="layernorm", stage="bwd", hidden_size=8192).pack()]
+    assert "hoist_inits_ab" not in old and hoist_inits_of(old) == 0
+    assert hoist_inits_of(with_hoist_inits(old)) == 1 and hoist_inits_of(with_hoist_inits(with_hoist_inits(old), 0)) == 0
+    with pytest.raises(ValueError, match="hoist_inits must be 0 or 1"):
+        with_hoist_inits(old, 2)

@@ -801,9 +801,15 @@ def _stats_first(func, _mod, _ctx):
 # `if (t == 0) part[k] = 0` before each row's update of each sum (the partial block cannot be
 # decompose_reduction'ed there: sched.rows._chunk_rows). nvcc does not peel the walk's first
 # row: on the H200 layernorm bwd 8192's dx ran one FSEL (and its test) per running sum per row,
-# 4.19M of them, 4% of its instructions (bench/results/h200-run34/ncu). The init stores a
-# constant to registers that nothing reads before that first update, so it runs once before
-# the walk instead.
+# 4.19M of them, 4% of its instructions (bench/results/h200-run34/ncu). A walk loop annotated
+# HOIST_INITS = 1 (CudaRowConfig.hoist_inits) runs the init once before the walk instead: it
+# stores a constant to registers that nothing reads before that first update. A knob, not a
+# rule: on the H200 (bench/results/h200-run36/ab) the committed bf16 records ran 2-6.5% faster
+# with it at layernorm 1536-7168 and rmsnorm 7168/8192, and 7.5% slower at layernorm 8192 (the
+# same registers and no spills at both: nvcc's schedule of the walk differs).
+HOIST_INITS = "tvmnorm.hoist_inits"
+
+
 def _positive_sum_vars(expr):
     """The variables of ``expr`` where it is a sum of variables with positive integer
     coefficients (so 0 exactly where each of them is, over loops from 0), else None."""
@@ -888,21 +894,29 @@ def _is_zero(expr) -> bool:
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.HoistSumInits")
 def _hoist_sum_inits(func, _mod, _ctx):
+    if not _marked(func, HOIST_INITS):
+        return func
+
     def hoist(loop):
-        if loop.kind != tirx.ForKind.SERIAL:
+        if HOIST_INITS not in loop.annotations:
             return loop
-        found = []
-        _first_iteration_inits(loop.body, [], [], found)
-        inits = [(node, _hoisted_init(loop, node, loops, guards)) for node, loops, guards in found]
-        inits = [(node, nest) for node, nest in inits if nest is not None]
-        if not inits:
-            return loop
-        hoisted = [node for node, _ in inits]
-        body = tvm_ffi.structural_map(loop.body, [(tirx.IfThenElse, lambda n: tirx.Evaluate(0) if any(
-            n.same_as(h) for h in hoisted) else n)])
-        return tirx.SeqStmt([nest for _, nest in inits] + [
-            tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations,
-                     loop.step, loop.span)])
+        on = int(loop.annotations[HOIST_INITS])
+        annotations = {a: v for a, v in loop.annotations.items() if a != HOIST_INITS}
+        body, inits = loop.body, []
+        if on:
+            found = []
+            _first_iteration_inits(loop.body, [], [], found)
+            inits = [(node, _hoisted_init(loop, node, loops, guards)) for node, loops, guards in found]
+            inits = [(node, nest) for node, nest in inits if nest is not None]
+            if not inits:
+                raise RuntimeError(f"{func.attrs.get('global_symbol')}: {HOIST_INITS} on a loop without the init "
+                                   "of a running sum at its first iteration")
+            hoisted = [node for node, _ in inits]
+            body = tvm_ffi.structural_map(body, [(tirx.IfThenElse, lambda n: tirx.Evaluate(0) if any(
+                n.same_as(h) for h in hoisted) else n)])
+        walk = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
+                        loop.step, loop.span)
+        return tirx.SeqStmt([nest for _, nest in inits] + [walk]) if inits else walk
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, hoist)]))
 
 

@@ -920,6 +920,53 @@ def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
     return record
 
 
+def with_hoist_inits(record: dict, value: int = 1, part: str = "dx") -> dict:
+    """A copy of ``record`` whose ``part`` walk zeroes its running sums before the walk (value
+    1) or at its first row (0): CudaRowConfig.hoist_inits, as the record's trace would have
+    sampled it. A trace tuned before the knob annotates none: the annotation goes on the loop
+    its FULL_CHUNK and STREAM_LOADS annotations mark (the dx walk over the chunk's rows), the
+    rest of its kernel unchanged (the A/B of the thirty-sixth lease, scripts/hoist_ab.py)."""
+    import copy
+    from ._tvm import FULL_CHUNK, HOIST_INITS, STREAM_LOADS
+    if value not in (0, 1):
+        raise ValueError(f"hoist_inits must be 0 or 1, got {value}")
+    record = copy.deepcopy(record)
+    trace = (record.get("parts") or {}).get(part)
+    if trace is None:
+        raise ValueError(f"{record.get('key')}: no {part} trace")
+    insts, decisions = trace
+    marks = [i for i, inst in enumerate(insts) if inst[0] == "Annotate" and inst[2] in ([FULL_CHUNK], [STREAM_LOADS])]
+    if not marks:
+        raise ValueError(f"{record.get('key')}: its {part} trace annotates no walk over a chunk's rows")
+    walk = insts[marks[-1]][1][0]
+    mine = [i for i, inst in enumerate(insts) if inst[0] == "Annotate" and inst[2] == [HOIST_INITS]]
+    for i in mine:
+        if isinstance(insts[i][1][1], str):  # a sampled decision: drawn as this value
+            (s,) = [j for j, inst in enumerate(insts) if inst[0] == "SampleCategorical" and inst[3] == [insts[i][1][1]]]
+            insts[s][2] = [[0, value], [0.5, 0.5]]
+            trace[1] = [[j, 1 if j == s else d] for j, d in decisions]
+        else:
+            insts[i][1][1] = value
+    if not mine:
+        insts.insert(marks[-1] + 1, ["Annotate", [walk, value], [HOIST_INITS], []])
+        trace[1] = [[j + (j > marks[-1]), d] for j, d in decisions]
+    return record
+
+
+def hoist_inits_of(record: dict | None, part: str = "dx") -> int:
+    """The CudaRowConfig.hoist_inits ``record``'s ``part`` runs with (0 for a trace without it)."""
+    from ._tvm import HOIST_INITS
+    insts, decisions = ((record or {}).get("parts", {}).get(part) or [[], []])
+    for inst in insts:
+        if inst[0] == "Annotate" and inst[2] == [HOIST_INITS]:
+            value = inst[1][1]
+            if not isinstance(value, str):
+                return int(value)
+            (s,) = [j for j, i2 in enumerate(insts) if i2[0] == "SampleCategorical" and i2[3] == [value]]
+            return int(insts[s][2][0][dict(decisions)[s]])
+    return 0
+
+
 def _record_schedule(key: NormKey, record: dict, part: str, kind: str):
     """``record``'s ``part`` trace applied to its static-row tuning function at the record's
     rows (and T), as the search built it: (Schedule, PrimFunc, its partial_sum_costs owner)."""

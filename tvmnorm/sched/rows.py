@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import FULL_CHUNK, MIN_BLOCKS_PER_SM, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, tirx
+from .._tvm import FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, tirx
 from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
 
 PART_BLOCK = "part"
@@ -69,6 +69,9 @@ class CudaRowConfig:
                               # and x copied into shared memory by cp.async, `stages` groups in
                               # flight, each then into registers that hold one group
                               # (_cuda_row_shared), instead of `stages` groups in registers
+    hoist_inits: int = 0      # fused dx only: 1 zeroes the running partial sums once before the
+                              # walk over the chunk's rows instead of at its first row's update
+                              # (_tvm.HOIST_INITS)
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -77,6 +80,8 @@ class CudaRowConfig:
         if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         _check_full_chunks(self.full_chunks)
+        if isinstance(self.hoist_inits, int) and self.hoist_inits not in (0, 1):
+            raise ValueError(f"hoist_inits must be 0 or 1, got {self.hoist_inits}")
         if isinstance(self.stream, int) and self.stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {self.stream}")
         if self.keep_y and not self.keep_row:
@@ -303,6 +308,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             bx, ty = sch.split(q, [None, cfg.rows])
             for blk in blocks[1:] + [part]:
                 sch.unroll(sch.get_loops(blk)[3])  # the group's rows index its registers
+            _annotate_if_set(sch, group, HOIST_INITS, cfg.hoist_inits)
             _row_scalars(sch, group, grouped)
         else:
             q, t = _chunk_rows(sch, blocks, part)
@@ -370,14 +376,16 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             _cuda_pipeline(sch, group, cfg.stages, copies_async=cfg.staged)
     elif cfg.staged:
         raise ValueError("staged is a dx schedule: a forward's rows are not walked in groups")
+    elif not isinstance(cfg.hoist_inits, int) or cfg.hoist_inits:
+        raise ValueError("hoist_inits is a dx schedule: a forward keeps no running sums")
     return sch
 
 
 def _annotate_row_loop(sch, loop, cfg: CudaRowConfig) -> None:
     """Mark the loop over a block's rows (the forward's rows of a block, the dx walk over a
-    chunk's groups) for the passes of _tvm: FULL_CHUNK and STREAM_LOADS (a sampled value is
-    annotated whatever it is)."""
-    for key, value in ((FULL_CHUNK, cfg.full_chunks), (STREAM_LOADS, cfg.stream)):
+    chunk's groups) for the passes of _tvm: FULL_CHUNK, STREAM_LOADS and HOIST_INITS (a sampled
+    value is annotated whatever it is)."""
+    for key, value in ((FULL_CHUNK, cfg.full_chunks), (STREAM_LOADS, cfg.stream), (HOIST_INITS, cfg.hoist_inits)):
         _annotate_if_set(sch, loop, key, value)
 
 

@@ -126,7 +126,7 @@ def cuda_space(key: NormKey, fused=None, kept=None):
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 chunk_weights=chunk_weights, staged=staged,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, FULL_CHUNKS))
+                                full_chunks=_categorical(sch, FULL_CHUNKS), hoist_inits=_categorical(sch, HOIST_INITS))
         elif kept is not None:
             threads, vec, keep_y, warp_sums, early_weights = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -184,6 +184,10 @@ FULL_CHUNKS = (0, 1)
 # 118.8 -> 130.8, so a knob). Stores keep the default policy (torch.compile's do; stream = 2,
 # streaming stores too, is for the probes).
 STREAM = (0, 1, 3)
+# Whether the fused dx zeroes its running sums before the walk over the chunk's rows
+# (CudaRowConfig.hoist_inits, _tvm.HOIST_INITS): fewer instructions, which nvcc schedules
+# otherwise, 2-6.5% faster at 6 of the 24 bf16 records and 7.5% slower at layernorm 8192.
+HOIST_INITS = (0, 1)
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
@@ -450,10 +454,11 @@ def space_size(key: NormKey, kind: str) -> int:
 
 
 def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
-    """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks factor or
-    not (without the stream factor)."""
+    """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks and
+    hoist_inits factors of the fused backward or not (without the stream factor)."""
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_lanes(v)) * (len(min_blocks_choices(v[0])) if min_blocks else 1) * full
+        hoist = len(HOIST_INITS) if min_blocks else 1
+        return sum(len(fused_lanes(v)) * (len(min_blocks_choices(v[0])) if min_blocks else 1) * full * hoist
                    for v in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
     return sampled + sum(len(kept_rows(kept)) * (full if kept_guarded(kept) else 1) for kept in fwd_kept_variants(key))
@@ -462,7 +467,7 @@ def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
 def population_points(key: NormKey, kind: str) -> int:
     """The points a search round draws for ``key`` (tune._search): the space's size, but on CUDA
     without the full_chunks and stream factors, and for the fused backward without the
-    min_blocks one, which together multiply it by up to 16 (38 -> 592 points at layernorm 8192,
+    min_blocks and hoist_inits ones, which together multiply it by up to 32 (38 -> 1184 points at layernorm 8192,
     the smallest bwd space, which sets a batch's population). Drawing costs ~35 ms a point and
     task on the H200 host, and a round of a backward task measures 8."""
     if kind == "cuda":
