@@ -849,9 +849,9 @@ def _vars_of(exprs) -> list:
     return found
 
 
-def _hoisted_init(loop, node, loops, guards):
+def _hoisted_init(loop, node, loops, guards, allocated, bound):
     """The loop nest that runs ``node``'s store once for each element it initialises, before
-    ``loop``; None where the store is not an init of ``loop``'s first iteration alone: its
+    ``loop`` (which allocates the buffers ``allocated`` and binds the variables ``bound``); None where the store is not an init of ``loop``'s first iteration alone: its
     condition must be a positive sum of ``loop``'s variable and of enclosing loops' from 0, its
     buffer a register array allocated outside ``loop``, its indices and enclosing conditions
     functions of other enclosing loops of constant extents (and of what is fixed outside
@@ -865,10 +865,6 @@ def _hoisted_init(loop, node, loops, guards):
         return next((lp for lp in loops if lp.loop_var.same_as(v)), None)
     if any(not v.same_as(loop.loop_var) and (loop_of(v) is None or not _is_zero(loop_of(v).min)) for v in first):
         return None
-    allocated, bound = [], [loop.loop_var]
-    _walk(loop.body, tirx.AllocBuffer, lambda a: allocated.append(a.buffer))
-    _walk(loop.body, tirx.For, lambda f: bound.append(f.loop_var))
-    _walk(loop.body, (tirx.Bind, tirx.LetStmt), lambda b: bound.append(b.var))
     if store.buffer.scope() != "local" or any(b.same_as(store.buffer) for b in allocated):
         return None
     used = _vars_of(store.indices)
@@ -904,9 +900,13 @@ def _hoist_sum_inits(func, _mod, _ctx):
         annotations = {a: v for a, v in loop.annotations.items() if a != HOIST_INITS}
         body, inits = loop.body, []
         if on:
-            found = []
+            found, allocated, bound = [], [], [loop.loop_var]
             _first_iteration_inits(loop.body, [], [], found)
-            inits = [(node, _hoisted_init(loop, node, loops, guards)) for node, loops, guards in found]
+            _walk(loop.body, tirx.AllocBuffer, lambda a: allocated.append(a.buffer))
+            _walk(loop.body, tirx.For, lambda f: bound.append(f.loop_var))
+            _walk(loop.body, (tirx.Bind, tirx.LetStmt), lambda b: bound.append(b.var))
+            inits = [(node, _hoisted_init(loop, node, loops, guards, allocated, bound))
+                     for node, loops, guards in found]
             inits = [(node, nest) for node, nest in inits if nest is not None]
             if not inits:
                 raise RuntimeError(f"{func.attrs.get('global_symbol')}: {HOIST_INITS} on a loop without the init "

@@ -890,21 +890,36 @@ def stream_decision(record: dict | None, part: str = "fwd") -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def _sample_of(insts, var: str) -> int:
+    """The index of the SampleCategorical instruction of a trace that draws random variable ``var``."""
+    (i,) = [i for i, inst in enumerate(insts) if inst[0] == "SampleCategorical" and inst[3] == [var]]
+    return i
+
+
+def _drawn(trace, i: int) -> int:
+    """The value the SampleCategorical instruction ``i`` of ``trace`` (as a record keeps it) drew."""
+    insts, decisions = trace
+    return int(insts[i][2][0][dict(decisions)[i]])
+
+
+def _draw(trace, i: int, value: int) -> None:
+    """Make the SampleCategorical instruction ``i`` of ``trace`` (as a record keeps it) draw ``value``."""
+    trace[0][i][2] = [[0, value], [0.5, 0.5]]
+    trace[1] = [[j, 1 if j == i else d] for j, d in trace[1]]
+
+
 def _stream_sample(record: dict, part: str) -> int:
     """The index of the SampleCategorical instruction of ``record``'s ``part`` trace that draws
     its STREAM decision (stream_decision)."""
     var = stream_decision(record, part)
     if var is None:
         raise ValueError(f"{record.get('key')}: no stream decision in its {part} trace")
-    (i,) = [i for i, inst in enumerate(record["parts"][part][0]) if inst[0] == "SampleCategorical" and inst[3] == [var]]
-    return i
+    return _sample_of(record["parts"][part][0], var)
 
 
 def stream_mode(record: dict, part: str = "fwd") -> int:
     """The STREAM_LOADS mode ``record``'s ``part`` runs with (its stream decision's choice)."""
-    i = _stream_sample(record, part)
-    insts, decisions = record["parts"][part]
-    return int(insts[i][2][0][dict(decisions)[i]])
+    return _drawn(record["parts"][part], _stream_sample(record, part))
 
 
 def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
@@ -914,9 +929,7 @@ def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
     import copy
     i = _stream_sample(record, part)
     record = copy.deepcopy(record)
-    insts, decisions = record["parts"][part]
-    insts[i][2] = [[0, mode], [0.5, 0.5]]
-    record["parts"][part][1] = [[j, 1 if j == i else d] for j, d in decisions]
+    _draw(record["parts"][part], i, mode)
     return record
 
 
@@ -934,7 +947,7 @@ def with_hoist_inits(record: dict, value: int = 1, part: str = "dx") -> dict:
     trace = (record.get("parts") or {}).get(part)
     if trace is None:
         raise ValueError(f"{record.get('key')}: no {part} trace")
-    insts, decisions = trace
+    insts = trace[0]
     marks = [i for i, inst in enumerate(insts) if inst[0] == "Annotate" and inst[2] in ([FULL_CHUNK], [STREAM_LOADS])]
     if not marks:
         raise ValueError(f"{record.get('key')}: its {part} trace annotates no walk over a chunk's rows")
@@ -942,28 +955,23 @@ def with_hoist_inits(record: dict, value: int = 1, part: str = "dx") -> dict:
     mine = [i for i, inst in enumerate(insts) if inst[0] == "Annotate" and inst[2] == [HOIST_INITS]]
     for i in mine:
         if isinstance(insts[i][1][1], str):  # a sampled decision: drawn as this value
-            (s,) = [j for j, inst in enumerate(insts) if inst[0] == "SampleCategorical" and inst[3] == [insts[i][1][1]]]
-            insts[s][2] = [[0, value], [0.5, 0.5]]
-            trace[1] = [[j, 1 if j == s else d] for j, d in decisions]
+            _draw(trace, _sample_of(insts, insts[i][1][1]), value)
         else:
             insts[i][1][1] = value
     if not mine:
         insts.insert(marks[-1] + 1, ["Annotate", [walk, value], [HOIST_INITS], []])
-        trace[1] = [[j + (j > marks[-1]), d] for j, d in decisions]
+        trace[1] = [[j + (j > marks[-1]), d] for j, d in trace[1]]
     return record
 
 
 def hoist_inits_of(record: dict | None, part: str = "dx") -> int:
     """The CudaRowConfig.hoist_inits ``record``'s ``part`` runs with (0 for a trace without it)."""
     from ._tvm import HOIST_INITS
-    insts, decisions = ((record or {}).get("parts", {}).get(part) or [[], []])
-    for inst in insts:
+    trace = (record or {}).get("parts", {}).get(part) or [[], []]
+    for inst in trace[0]:
         if inst[0] == "Annotate" and inst[2] == [HOIST_INITS]:
             value = inst[1][1]
-            if not isinstance(value, str):
-                return int(value)
-            (s,) = [j for j, i2 in enumerate(insts) if i2[0] == "SampleCategorical" and i2[3] == [value]]
-            return int(insts[s][2][0][dict(decisions)[s]])
+            return _drawn(trace, _sample_of(trace[0], value)) if isinstance(value, str) else int(value)
     return 0
 
 

@@ -450,15 +450,14 @@ def space_size(key: NormKey, kind: str) -> int:
         for values in llvm_choices(key).values():
             n *= len(values)
         return n
-    return _cuda_space_size(key, len(FULL_CHUNKS), min_blocks=True) * len(STREAM)
+    return _cuda_space_size(key, len(FULL_CHUNKS), fused_factors=True) * len(STREAM)
 
 
-def _cuda_space_size(key: NormKey, full: int, min_blocks: bool) -> int:
-    """The CUDA space's size with ``full`` values of full_chunks, and the min_blocks and
-    hoist_inits factors of the fused backward or not (without the stream factor)."""
+def _cuda_space_size(key: NormKey, full: int, fused_factors: bool) -> int:
+    """The CUDA space's size with ``full`` values of full_chunks, and the fused backward's
+    min_blocks and hoist_inits factors or not (without the stream factor)."""
     if key.stage in ("bwd", "bwd_add"):
-        hoist = len(HOIST_INITS) if min_blocks else 1
-        return sum(len(fused_lanes(v)) * (len(min_blocks_choices(v[0])) if min_blocks else 1) * full * hoist
+        return sum(len(fused_lanes(v)) * full * (len(min_blocks_choices(v[0])) * len(HOIST_INITS) if fused_factors else 1)
                    for v in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
     return sampled + sum(len(kept_rows(kept)) * (full if kept_guarded(kept) else 1) for kept in fwd_kept_variants(key))
@@ -471,7 +470,7 @@ def population_points(key: NormKey, kind: str) -> int:
     the smallest bwd space, which sets a batch's population). Drawing costs ~35 ms a point and
     task on the H200 host, and a round of a backward task measures 8."""
     if kind == "cuda":
-        return _cuda_space_size(key, 1, min_blocks=False)
+        return _cuda_space_size(key, 1, fused_factors=False)
     return space_size(key, kind)
 
 
