@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_key_args(p, stages_default="bwd")
     p.add_argument("--trials", type=int, default=8, help="candidates per task")
-    p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32")
+    p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32 (default: each key's, tune.key_chunk_sizes)")
     p.add_argument("--build", choices=("nvrtc", "nvcc"), default=None,
                    help="really compile the candidates this way (nvcc works without a GPU), still timing none")
     p.add_argument("--overlap-builds", action="store_true", help="with --build, as tvmnorm tune --overlap-builds")

@@ -1012,22 +1012,37 @@ def test_fused_space_samples_only_valid_block_sizes():
     assert min_blocks_choices(1024) == [1, 2] and min_blocks_choices(448) == [1, 2, 3, 4]
 
 
-def test_cuda_dx_is_tuned_at_every_chunk_size():
+def test_cuda_dx_is_tuned_at_the_rules_chunk_size_and_its_records():
     """T (rows per dgamma partial) is a compute constant, so the CUDA dx kernel is one tuning
-    task per chunk size; every other part (and llvm) is one task."""
-    from tvmnorm.compute.norms import CUDA_CHUNK_ROWS, ROWS_PER_PARTIAL_ATTR
+    task per chunk size: by default the default rule's T and the key's record's where that
+    differs (tune.key_chunk_sizes); every other part (and llvm) is one task."""
+    from argparse import ArgumentTypeError
+
+    from tvmnorm.cli import _chunk_rows
+    from tvmnorm.compute.norms import CUDA_CHUNK_ROWS, ROWS_PER_PARTIAL_ATTR, rows_per_partial
     from tvmnorm.tune import _tasks
     bwd, fwd = NormKey(norm="layernorm", stage="bwd", hidden_size=1024), NormKey(hidden_size=1024)
-    funcs, owner = _tasks([bwd, fwd], "cuda", 4097)
+    wide = NormKey(stage="bwd", hidden_size=7168)
+    assert (rows_per_partial(bwd, "cuda"), rows_per_partial(wide, "cuda")) == (32, 64)
+    funcs, owner = _tasks([bwd, wide, fwd], "cuda", 4097)
     dx = {t: f for t, f in funcs.items() if owner[t][1] == "dx"}
-    assert sorted(int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for f in dx.values()) == sorted(CUDA_CHUNK_ROWS)
+    assert sorted((owner[t][0].hidden_size, int(f.attrs[ROWS_PER_PARTIAL_ATTR])) for t, f in dx.items()) == [(1024, 32), (7168, 64)]
     assert all(owner[t][3] == int(f.attrs[ROWS_PER_PARTIAL_ATTR]) for t, f in dx.items())
     assert [owner[t][3] for t in funcs if owner[t][1] == "fwd"] == [None]
-    funcs, owner = _tasks([bwd], "llvm", 256)
+    # a record at another T keeps its own task beside the rule's (its trace is seeded there)
+    records = {bwd.pack(): {"rows_per_partial": 16}, wide.pack(): {"rows_per_partial": 64}}
+    funcs, owner = _tasks([bwd, wide], "cuda", 4097, records=records)
+    assert [(owner[t][0].hidden_size, owner[t][3]) for t in funcs] == [(1024, 32), (1024, 16), (7168, 64)]
+    funcs, owner = _tasks([bwd], "llvm", 256, records=records)
     assert [owner[t][3] for t in funcs] == [None]
-    # --chunk-rows picks a subset (a shorter lease); a size the space is not built for is refused
-    funcs, owner = _tasks([bwd], "cuda", 4097, chunks=[32, 16, 32])
+    # --chunk-rows names them for every key (all: every size the space is built for); a size
+    # the space is not built for is refused
+    funcs, owner = _tasks([bwd], "cuda", 4097, chunks=[32, 16, 32], records=records)
     assert [owner[t][3] for t in funcs] == [32, 16]
+    funcs, owner = _tasks([bwd], "cuda", 4097, chunks=_chunk_rows("all"))
+    assert [owner[t][3] for t in funcs] == list(CUDA_CHUNK_ROWS) and _chunk_rows("64, 32") == [64, 32]
+    with pytest.raises(ArgumentTypeError, match="'all'"):
+        _chunk_rows("some")
     with pytest.raises(ValueError, match="not among"):
         _tasks([bwd], "cuda", 4097, chunks=[48])
 
@@ -1068,7 +1083,7 @@ def test_best_records_keeps_the_fastest_chunk_size(fastest):
     from tvmnorm.targets import target_spec
     from tvmnorm.tune import _best_records, _tasks
     key = NormKey(stage="bwd", hidden_size=1024)
-    funcs, owner = _tasks([key], "cuda", 4097)
+    funcs, owner = _tasks([key], "cuda", 4097, chunks=[16, 32, 64])
     measured = {}
     for task, func in funcs.items():
         sch = space_fn(key, "cuda")(Schedule(func))[0]

@@ -16,6 +16,17 @@ def _csv(s):
     return [v.strip() for v in s.split(",") if v.strip()]
 
 
+def _chunk_rows(s):
+    """--chunk-rows: T values, or "all" (every size the bwd design space is built for)."""
+    from .compute.norms import CUDA_CHUNK_ROWS
+    if s.strip() == "all":
+        return list(CUDA_CHUNK_ROWS)
+    try:
+        return [int(v) for v in _csv(s)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected T values like 16,32 or 'all', got {s!r}") from None
+
+
 def add_key_args(p, stages_default="fwd,bwd"):
     """Options that select a set of keys: shapes from the catalog or hidden sizes named directly."""
     p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all")
@@ -135,9 +146,10 @@ def main(argv=None):
                    help="with --time-limit, what a key takes before this run has timed one")
     p.add_argument("--recover-only", action="store_true",
                    help="only take records from the databases (see --min-trials) and build; tune nothing")
-    p.add_argument("--chunk-rows", type=lambda s: [int(v) for v in _csv(s)], default=None,
-                   help="rows per dgamma partial (T) to tune the CUDA bwd kernel at, e.g. 16,32 "
-                        "(default: 16,32,64; each is its own task)")
+    p.add_argument("--chunk-rows", type=_chunk_rows, default=None,
+                   help="rows per dgamma partial (T) to tune the CUDA bwd kernel at, e.g. 16,32, or all "
+                        "(default: the default rule's T for the key and its record's where that differs; "
+                        "each T is its own task)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

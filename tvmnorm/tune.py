@@ -198,7 +198,7 @@ def tune_batch(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | Non
     goes on (InProcessBuilder). Returns packed key -> record."""
     from ._tvm import target
     from .measure import InProcessBuilder, InProcessRunner
-    funcs, owner = _tasks(keys, kind, rows, chunks)
+    funcs, owner = _tasks(keys, kind, rows, chunks, committed)
     work = logs / target_name(kind)
     work.mkdir(parents=True, exist_ok=True)
     builder = InProcessBuilder(kind, workers=workers, cuda_build=cuda_build or "nvrtc", overlap=overlap)
@@ -500,12 +500,13 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
     return records
 
 
-def chunk_sizes(chunks=None) -> tuple:
-    """The chunk sizes T to tune the CUDA dx kernel at: ``chunks`` (a subset of CUDA_CHUNK_ROWS,
-    the sizes the fused design space is built for) or all of them."""
+def chunk_sizes(chunks=None) -> tuple | None:
+    """The chunk sizes T named to tune the CUDA dx kernel at (``chunks``, checked against
+    CUDA_CHUNK_ROWS, the sizes the fused design space is built for), or None where none are
+    named: then each key has its own (key_chunk_sizes)."""
     from .compute.norms import CUDA_CHUNK_ROWS
     if not chunks:
-        return CUDA_CHUNK_ROWS
+        return None
     bad = [c for c in chunks if c not in CUDA_CHUNK_ROWS]
     if bad:
         raise ValueError(f"chunk rows {bad} not among {list(CUDA_CHUNK_ROWS)} (the sizes the bwd design space "
@@ -513,17 +514,36 @@ def chunk_sizes(chunks=None) -> tuple:
     return tuple(dict.fromkeys(chunks))
 
 
-def _tasks(keys, kind, rows, chunks=None):
+def key_chunk_sizes(key: NormKey, kind: str, chunks=None, record: dict | None = None) -> tuple:
+    """The chunk sizes T a key's CUDA dx kernel is tuned at: ``chunks`` where named, else the
+    default rule's T (compute.rows_per_partial) and, where it differs, the T of the key's
+    ``record``, so that a retune still meets the record on its own ground (the record is seeded
+    only into the task of its T). Each T is a task of its own, so every T costs a key another
+    search: at 32 trials the H200 took 25.7 s a bf16 backward key at T 32 and 64 and 17.3 s at
+    64 alone (thirty-sixth and thirty-seventh leases). Tuned at two or three T each, 20 of the 24
+    committed bf16 backward records had chosen the rule's T (the others: rmsnorm and layernorm
+    128 at 64, rmsnorm 2560 and layernorm 5120 at 32, and they keep their T in a retune);
+    ``--chunk-rows all`` searches every size."""
+    from .compute.norms import rows_per_partial
+    if chunks:
+        return chunk_sizes(chunks)
+    own = (record or {}).get("rows_per_partial")
+    return tuple(dict.fromkeys([rows_per_partial(key, kind)] + ([own] if own else [])))
+
+
+def _tasks(keys, kind, rows, chunks=None, records=None):
     """task name -> static-row PrimFunc, and task name -> (key, part, rows, T), for the tuned
-    parts: the CUDA dx kernel once per chunk size T (``chunk_sizes(chunks)``; T is a compute
-    constant, not a schedule decision), every other part once (T None)."""
+    parts: the CUDA dx kernel once per chunk size T (key_chunk_sizes, with the key's record in
+    ``records``, packed key -> record; T is a compute constant, not a schedule decision), every
+    other part once (T None)."""
     from .compute.norms import parts_of
     from .sched.space import TUNED_PARTS
     funcs, owner = {}, {}
     for key in keys:
         for part in [p for p in parts_of(key, kind) if p in TUNED_PARTS]:
             n = tune_rows(key, kind, rows)
-            sizes = chunk_sizes(chunks) if (kind == "cuda" and part == "dx") else (None,)
+            sizes = (key_chunk_sizes(key, kind, chunks, (records or {}).get(key.pack()))
+                     if (kind == "cuda" and part == "dx") else (None,))
             for chunk in sizes:
                 task = f"{key.name}_{part}" + (f"_t{chunk}" if chunk else "")
                 funcs[task] = tuning_func(key, part, n, kind, chunk)
@@ -531,16 +551,18 @@ def _tasks(keys, kind, rows, chunks=None):
     return funcs, owner
 
 
-def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, chunks=None) -> dict:
+def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, chunks=None,
+                    records=None) -> dict:
     """Records for keys an interrupted run measured but never wrote to schedules/: every task
-    of the key has at least ``trials`` candidates in the database. A record's ``trials`` is how
-    many its tasks had (the fewest over its tasks)."""
+    of the key (its chunk sizes as the run drew them: ``chunks`` and the keys' ``records``) has
+    at least ``trials`` candidates in the database. A record's ``trials`` is how many its tasks
+    had (the fewest over its tasks)."""
     from ._tvm import ms, target
     work = logs / target_name(kind)
     if not (work / "database_tuning_record.json").exists():
         return {}
     db = ms.database.JSONDatabase(work_dir=str(work))
-    funcs, owner = _tasks(keys, kind, rows, chunks)
+    funcs, owner = _tasks(keys, kind, rows, chunks, records)
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials, need=trials)
 
 
@@ -595,7 +617,7 @@ def tune_main(args, keys) -> None:
     records = load_records(kind, args.schedules)
     todo = due_keys(keys, records, kind, args.trials, rows)
     least = getattr(args, "min_trials", None) or args.trials
-    recovered = recover_records(todo, kind, least, logs, rows, chunks) if todo else {}
+    recovered = recover_records(todo, kind, least, logs, rows, chunks, records) if todo else {}
     if recovered:
         records.update(recovered)
         save_records(kind, records, args.schedules)
