@@ -36,6 +36,24 @@ def test_vector_widths_divide_the_row_and_fit_16_bytes():
     assert max(cuda_thread_choices(NormKey(hidden_size=8))) <= 8
 
 
+def test_design_space_built_in_threads_is_the_one_built_in_turn(monkeypatch):
+    """space_fn builds a key's structural variants in threads (SPACE_THREADS); each variant's
+    schedule is copied in order first, so the variants, sampled decisions included, are those
+    of building them one after another from the same seed."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched import space
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
+    func = tuning_func(key, "dx", 2048, "cuda", 32)
+    built = {}
+    for threads in (1, 4):
+        monkeypatch.setattr(space, "SPACE_THREADS", threads)
+        monkeypatch.setattr("os.cpu_count", lambda: 4)
+        built[threads] = [str(s.trace) for s in space_fn(key, "cuda")(Schedule(func, seed=3))]
+    assert len(built[1]) == len(design_spaces(key, "cuda")) > 10
+    assert built[1] == built[4]
+    assert len(set(built[1])) == len(built[1])  # the variants differ from one another
+
+
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
 @pytest.mark.parametrize("kind", ["cuda", "llvm"])
 def test_design_space_replays_on_symbolic_rows(key, kind):
