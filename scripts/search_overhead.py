@@ -16,11 +16,12 @@ import time
 
 
 def main(argv=None) -> int:
-    from tvmnorm.cli import add_key_args, keys_from_args
+    from tvmnorm.cli import _chunk_rows, add_key_args, keys_from_args
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_key_args(p, stages_default="bwd")
     p.add_argument("--trials", type=int, default=8, help="candidates per task")
-    p.add_argument("--chunk-rows", default=None, help="T values for the CUDA dx kernel, e.g. 16,32 (default: each key's, tune.key_chunk_sizes)")
+    p.add_argument("--chunk-rows", type=_chunk_rows, default=None,
+                   help="T values for the CUDA dx kernel, e.g. 16,32, or all (default: each key's, tune.key_chunk_sizes)")
     p.add_argument("--build", choices=("nvrtc", "nvcc"), default=None,
                    help="really compile the candidates this way (nvcc works without a GPU), still timing none")
     p.add_argument("--overlap-builds", action="store_true", help="with --build, as tvmnorm tune --overlap-builds")
@@ -29,8 +30,7 @@ def main(argv=None) -> int:
     from tvmnorm.tune import _search_cores, _tasks, search_session
 
     keys = keys_from_args(args)
-    chunks = [int(c) for c in args.chunk_rows.split(",")] if args.chunk_rows else None
-    funcs, owner = _tasks(keys, "cuda", None, chunks)
+    funcs, owner = _tasks(keys, "cuda", None, args.chunk_rows)
     with tempfile.TemporaryDirectory(prefix="tvmnorm-search-") as work:
         t0 = time.time()
         builder = (InProcessBuilder("cuda", cuda_build=args.build, overlap=args.overlap_builds) if args.build

@@ -47,7 +47,9 @@ before them (``early_weights``).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
@@ -487,18 +489,11 @@ def space_fn(key: NormKey, kind: str):
     The copies are made here, in order, so each forks the same random state as one after
     another would (Schedule.copy forks the seed of ``sch``); the variants are then built in
     threads, so their sampled decisions do not depend on which thread ran first."""
-    import concurrent.futures
-    import os
-
     def fn(sch):
         spaces = design_spaces(key, kind)
         copies = [sch.copy() for _ in spaces]
-        workers = min(SPACE_THREADS, os.cpu_count() or 1, len(spaces))
-        if workers < 2:
-            for space, s in zip(spaces, copies):
-                space(s)
-            return copies
+        workers = max(1, min(SPACE_THREADS, os.cpu_count() or 1, len(spaces)))
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tvmnorm-space") as pool:
-            list(pool.map(lambda pair: pair[0](pair[1]), zip(spaces, copies)))
+            list(pool.map(lambda space, s: space(s), spaces, copies))
         return copies
     return fn
