@@ -42,6 +42,15 @@ COMPUTE = {"fp32": 1e-5, "fp64": 1e-12}
 UNIT = {"fp32": 2.0 ** -24, "fp64": 2.0 ** -53}
 
 
+def committed_llvm_records() -> dict:
+    """packed key -> record of the committed CPU records (schedules/llvm-<cpu>.json), whichever
+    CPU tuned them: a record's trace applies to its PrimFunc on any llvm host, but
+    tune.load_records("llvm") reads only this host's file (none on another CPU)."""
+    import json
+    (path,) = (pathlib.Path(__file__).resolve().parent.parent / "schedules").glob("llvm-*.json")
+    return {int(k, 16): v for k, v in json.loads(path.read_text())["records"].items()}
+
+
 def stats_rtol(ctype: str, hidden: int) -> float:
     return max(COMPUTE[ctype], 4 * UNIT[ctype] * hidden ** 0.5)
 

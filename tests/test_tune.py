@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import call, check_outputs, generated_cuda, make_inputs
+from conftest import call, check_outputs, committed_llvm_records, generated_cuda, make_inputs
 from tvmnorm import NormKey, reference
 from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
@@ -313,7 +313,7 @@ def test_records_measured_another_way_are_due_again():
     # llvm records are timed back to back, as before
     assert due_keys([a], {a.pack(): {"trials": 8, "rows": 1024}}, "llvm", 8) == []
     assert all(not due_keys([NormKey.unpack(k)], {k: r}, "llvm", r["trials"])
-               for k, r in load_records("llvm").items())
+               for k, r in committed_llvm_records().items())
 
 
 def test_dx_candidates_are_timed_with_the_partial_sum_after_them(monkeypatch):
@@ -708,7 +708,7 @@ def test_tuner_us_times_a_record_as_the_search_does():
     from tvmnorm.measure import InProcessBuilder, InProcessRunner
     from tvmnorm.tune import tuner_us
     key = NormKey(stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
-    record = load_records("llvm")[key.pack()]
+    record = committed_llvm_records()[key.pack()]
     runner = InProcessRunner("llvm")
     us = tuner_us(key, record, "dx", "llvm", InProcessBuilder("llvm", workers=1), runner)
     (fixed,) = runner._fixed.values()
@@ -728,7 +728,7 @@ def test_tuner_calls_run_the_searchs_candidate_on_sets_of_their_own():
     record's dx and dgamma partials right against float64."""
     from tvmnorm.tune import tuner_calls
     key = NormKey(stage="bwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
-    calls = tuner_calls(key, load_records("llvm")[key.pack()], "dx", "llvm", sets=2)
+    calls = tuner_calls(key, committed_llvm_records()[key.pack()], "dx", "llvm", sets=2)
     assert len(calls) == 2
     for c in calls:
         dy, x, rsigma, gamma, dx, part = c.args
