@@ -79,8 +79,9 @@ def rows_per_partial(key: NormKey, kind: str) -> int:
       partials' traffic won there (the default rule's backward at T = 64 against 32 on the H200,
       bench/results/h200-run15/bwd-parts.json: 1.03-1.14x at 2560-8192 but layernorm 4096,
       0.98x; 0.65-0.80x at 512-2048). Narrow rows do not get a longer T, unlike llvm: their
-      parallelism is the number of chunks in flight. The tuner also tries the other
-      CUDA_CHUNK_ROWS, and a record keeps its T.
+      parallelism is the number of chunks in flight. `tvmnorm tune` searches a key at this T
+      and, where its record has another, at the record's too (tune.key_chunk_sizes;
+      --chunk-rows names others); a record keeps its T.
     """
     if kind not in KINDS:
         raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
