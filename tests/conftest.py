@@ -46,9 +46,9 @@ def committed_llvm_records() -> dict:
     """packed key -> record of the committed CPU records (schedules/llvm-<cpu>.json), whichever
     CPU tuned them: a record's trace applies to its PrimFunc on any llvm host, but
     tune.load_records("llvm") reads only this host's file (none on another CPU)."""
-    import json
+    from tvmnorm.tune import read_records
     (path,) = (pathlib.Path(__file__).resolve().parent.parent / "schedules").glob("llvm-*.json")
-    return {int(k, 16): v for k, v in json.loads(path.read_text())["records"].items()}
+    return read_records(path)
 
 
 def stats_rtol(ctype: str, hidden: int) -> float:

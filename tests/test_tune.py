@@ -19,7 +19,7 @@ from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix
 from tvmnorm.compute import kernel_funcs
 from tvmnorm.runtime import Registry
 from tvmnorm.sched.space import TUNED_PARTS, cuda_thread_choices, cuda_vec_choices, design_spaces, space_fn
-from tvmnorm.tune import load_records, tuning_func
+from tvmnorm.tune import load_records, read_records, tuning_func
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 KEYS = [NormKey(hidden_size=4096), NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
@@ -593,7 +593,7 @@ def test_a_retune_makes_records_due_and_keeps_what_it_found_again(tmp_path, caps
     keys = f"{a.pack():#x},{b.pack()},{c.pack():#x}"
     assert due_again_main([str(state), "--keys", keys]) == 0
     assert "3 of 3 selected keys had records" in capsys.readouterr().out
-    records = {int(k, 16): v for k, v in json.loads(state.read_text())["records"].items()}
+    records = read_records(state)
     assert {k.name: records[k.pack()]["trials"] for k in (a, b, c, d)} == {a.name: 0, b.name: 0, c.name: 0, d.name: 24}
     assert all(records[k.pack()]["parts"] == 1 for k in (a, b, c))  # still seeded as candidates
     assert due_keys([a, b, c, d], records, "cuda", 24) == [a, b, c]

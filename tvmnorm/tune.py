@@ -54,13 +54,18 @@ def schedules_path(kind: str, root=None) -> pathlib.Path:
     return pathlib.Path(root or REPO / "schedules") / f"{target_name(kind)}.json"
 
 
-def load_records(kind: str, root=None) -> dict:
-    """packed key -> record, from schedules/<target-arch>.json (empty when there is none)."""
-    path = schedules_path(kind, root)
+def read_records(path) -> dict:
+    """packed key -> record, from one schedules file (empty when there is none)."""
+    path = pathlib.Path(path)
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
     return {int(k, 16): v for k, v in data.get("records", {}).items()}
+
+
+def load_records(kind: str, root=None) -> dict:
+    """packed key -> record, from schedules/<target-arch>.json (empty when there is none)."""
+    return read_records(schedules_path(kind, root))
 
 
 def save_records(kind: str, records: dict, root=None) -> None:
