@@ -479,8 +479,9 @@ def population_points(key: NormKey, kind: str) -> int:
 # Threads that build a key's structural variants at once. A backward key has ~110 of them,
 # each a few hundred TVM schedule primitives at 1-2 ms a call: 5.4 s a key built one after
 # another, 2.9 s in 2 threads on 2 cores (layernorm bwd 3584), as the primitives' C++ part runs
-# without the GIL. More threads than cores gained nothing on 2 cores (4: 3.2-3.5 s); the H200
-# host's 16 cores have not timed it yet.
+# without the GIL. More threads than cores gained nothing on 2 cores (4: 3.2-3.5 s). On the H200
+# host (16 cores) a bf16 backward task of 32 trials took 14.7 s against 17.3 s built serially
+# (bench/results/h200-run38/README.md).
 SPACE_THREADS = 8
 
 
