@@ -3,6 +3,7 @@ the H200 runs depend on, and the race that was found there staying fixed."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import re
 
 import pytest
@@ -18,10 +19,19 @@ def cuda_source(key: NormKey, row_config=None, group_rows: int = 1) -> str:
     return generated_cuda(scheduled_funcs(key, "cuda", row_config=row_config, group_rows=group_rows))
 
 
+PDL_WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
+PDL_TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;");'
+PDL_ENTRY = f"\n  {PDL_WAIT}\n  {PDL_TRIGGER}"
+
+
 def kernel(src: str, part: str) -> str:
+    """The body of the ``part`` kernel, after the programmatic dependent launch's wait and
+    trigger that open every sm_90 kernel (_tvm._pdl_kernels)."""
     start = re.search(rf"__global__ void (__launch_bounds__\(\d+(, \d+)?\) )?\w+_{part}_kernel\([^)]*\) {{", src)
     assert start, f"no {part} kernel"
-    return src[start.end():src.index("\n}\n", start.end())]
+    body = src[start.end():src.index("\n}\n", start.end())]
+    assert body.startswith(PDL_ENTRY), body[:200]
+    return body[len(PDL_ENTRY):]
 
 
 def test_row_kernel_uses_vector_loads_and_warp_allreduce():
@@ -1335,3 +1345,59 @@ def test_async_copies_leave_the_other_kernels_as_they_were(key, monkeypatch):
     with_async = cuda_source(key)
     monkeypatch.setitem(_tvm.PASS_CONFIG, "tirx.use_async_copy", False)
     assert cuda_source(key) == with_async
+
+
+def _kernel_bodies(src: str) -> list:
+    return [src[m.end():] for m in re.finditer(r"__global__ void (__launch_bounds__\([^)]*\) )?\w+\([^)]*\) \{\n", src)]
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=7168),
+                                 NormKey(stage="bwd_add", hidden_size=1000),
+                                 NormKey(otype="fp8e4m3", hidden_size=4096)])
+def test_library_kernels_wait_for_the_kernel_ahead_before_any_access(key, monkeypatch):
+    """Programmatic dependent launch (sm_90): every kernel of a library is launched with the
+    programmatic stream serialization attribute, and each one's first statements wait for the
+    kernel ahead of it in the stream (griddepcontrol.wait: its completion and its memory) and
+    then let the next one launch; with TVMNORM_PDL=0 the launches are plain (the A/B), and for
+    sm_80 neither is written (griddepcontrol is sm_90 PTX)."""
+    from tvmnorm.build import key_funcs
+    from tvmnorm.cuda_aot import unit_sources
+    funcs = key_funcs(key, "cuda")
+    src = "".join(unit_sources(funcs, "sm_90", 1))
+    bodies = _kernel_bodies(src)
+    assert len(bodies) == len(funcs) == src.count("tvm_cuda_host_launch(::")
+    for body in bodies:
+        assert body.startswith(f"  {PDL_WAIT}\n  {PDL_TRIGGER}\n"), body[:200]
+    assert src.count("cuda_pdl[0].val.programmaticStreamSerializationAllowed = 1;") == len(funcs)
+    assert src.count("cuda_config.attrs = cuda_pdl;") == len(funcs)
+    monkeypatch.setenv("TVMNORM_PDL", "0")
+    plain = "".join(unit_sources(funcs, "sm_90", 1))
+    assert "cuda_pdl" not in plain and plain.count(PDL_WAIT) == len(funcs)
+    monkeypatch.delenv("TVMNORM_PDL")
+    old = "".join(unit_sources(funcs, "sm_80", 1))
+    assert "griddepcontrol" not in old and "cuda_pdl" not in old
+
+
+def test_pdl_launches_refuses_a_kernel_that_does_not_wait(monkeypatch):
+    """A kernel launched under programmatic stream serialization without its wait would read what
+    the kernel ahead is still writing: a source in which some kernel lacks it is refused whole."""
+    from tvmnorm._tvm import pdl_launches
+    from tvmnorm.build import key_funcs
+    from tvmnorm.cuda_aot import unit_sources
+    monkeypatch.setenv("TVMNORM_PDL", "0")
+    src = unit_sources(key_funcs(NormKey(stage="bwd", hidden_size=1024), "cuda"), "sm_90", 1)[0]
+    assert "cuda_pdl" in pdl_launches(src)
+    with pytest.raises(RuntimeError, match="programmatic dependent launch"):
+        pdl_launches(src.replace(f"  {PDL_WAIT}\n", "", 1))
+
+
+def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatch):
+    """The manifest records how the library launches (a run's bench files name the library)."""
+    import shutil
+    from tvmnorm.build import build_library
+    if not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+        pytest.skip("nvcc not installed")
+    key = NormKey(hidden_size=128)
+    assert build_library([key], "cuda", tmp_path / "on", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is True
+    monkeypatch.setenv("TVMNORM_PDL", "0")
+    assert build_library([key], "cuda", tmp_path / "off", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import KernelCache, call, check_outputs, make_inputs
+from conftest import KernelCache, call, check_outputs, make_inputs, tensor
 from conftest import run_and_check as check_on
 from tvmnorm.key import NormKey
 from tvmnorm.runtime import variant_kernel
@@ -665,6 +665,48 @@ def test_cuda_library_of_several_translation_units(tmp_path_factory, rows, rng, 
         kernel = reg.get(key, "cuda")
         assert kernel.origin == "library:default", kernel.origin
         run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("norm,hidden", [("layernorm", 7168), ("rmsnorm", 1024), ("rmsnorm", 128)])
+def test_cuda_library_chains_under_programmatic_dependent_launch(tmp_path_factory, norm, hidden, rng, seed):
+    """A library's kernels launch with programmatic dependent launch on sm_90 (_tvm.pdl_launches),
+    each waiting at its entry for the kernel ahead of it. Chained with no synchronisation: a
+    torch copy writes x, our forward reads it and writes the statistics, our backward (dx, then
+    finalize over its partials) reads them at once, four rounds back to back; every output of
+    every round right against float64, and the weight gradients of the rounds bitwise equal (a
+    kernel reading what the one ahead still writes shows as NaN from the poisoned outputs, or as
+    sums that move between rounds)."""
+    import numpy as np
+    from tvmnorm.build import build_library
+    from tvmnorm.runtime import Registry
+    fwd, bwd = (NormKey(norm=norm, stage=s, hidden_size=hidden) for s in ("fwd", "bwd"))
+    out = tmp_path_factory.mktemp(f"pdl-{norm}-{hidden}") / "cuda"
+    manifest = build_library([fwd, bwd], "cuda", out, log=lambda *_: None)
+    major, minor = torch.cuda.get_device_capability()
+    assert manifest["pdl"] is (major * 10 + minor >= 90)
+    reg = Registry()
+    reg.set_library("cuda", out)
+    kf, kb = reg.get(fwd, "cuda"), reg.get(bwd, "cuda")
+    rows = 4097 if hidden > 128 else 65537
+    host = make_inputs(fwd, rows, rng, device="cuda")
+    dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
+    rounds = []
+    for _ in range(4):
+        x = torch.empty_like(host["x"]).copy_(host["x"])
+        f_in = dict(host, x=x)
+        f_out = call(kf, f_in, rows, device="cuda")
+        b_in = {"x": x, "gamma": host["gamma"], "dy": dy, "rsigma": f_out["rsigma"],
+                **({"mu": f_out["mu"]} if norm == "layernorm" else {})}
+        rounds.append((f_in, f_out, b_in, call(kb, b_in, rows, device="cuda")))
+    torch.cuda.synchronize()
+    sums = ("dgamma", "dbeta") if norm == "layernorm" else ("dgamma",)
+    for i, (f_in, f_out, b_in, b_out) in enumerate(rounds):
+        context = f"round {i} {norm} {hidden} rows={rows} seed={seed}"
+        check_outputs(fwd, f_in, f_out, context)
+        check_outputs(bwd, b_in, b_out, context)
+        for name in sums:
+            assert np.array_equal(b_out[name].view(torch.int16).cpu().numpy(),
+                                  rounds[0][3][name].view(torch.int16).cpu().numpy()), f"{name} moved: {context}"
 
 
 @pytest.mark.parametrize("rows", (1, 33, 4097))

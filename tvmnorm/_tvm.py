@@ -117,15 +117,71 @@ def _cp_async_wide_offsets(code: str) -> str:
                                 r"(void* dst, int dst_off, void* src, SrcOff src_off)", code)
 
 
+# Programmatic dependent launch (sm_90+): a kernel launched with the programmatic stream
+# serialization attribute may start before the kernel ahead of it in the stream has finished,
+# once every block of that one has run griddepcontrol.launch_dependents (or exited), and
+# griddepcontrol.wait then blocks until that kernel has completed and its memory is visible. Each
+# of our sm_90 kernels waits first, before any load or store, so every kernel sees the stream's
+# order as it would without the attribute (the kernel ahead may be the user's, which does not
+# know of us), then lets the next one launch: a backward's finalize is resident and starts the
+# moment its dx completes, where a plain launch first waited for the dx to drain and then for
+# its own blocks to be scheduled. Launched without the attribute (TVM's runtime, the JIT cache)
+# the wait returns at once. The launch attribute itself is cuda_aot's (pdl_launches).
+PDL_MIN_ARCH = 90
+_PDL_ENTRY = ('asm volatile("griddepcontrol.wait;" ::: "memory");\n'
+              '  asm volatile("griddepcontrol.launch_dependents;");')
+_KERNEL_ENTRY = re.compile(r"(__global__ void (?:__launch_bounds__\([^)]*\) )?\w+\([^)]*\) \{\n)")
+
+
+def arch_number(arch: str) -> int:
+    """sm_90 -> 90, sm_90a -> 90."""
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if not m:
+        raise ValueError(f"not a CUDA arch: {arch!r}")
+    return int(m.group(1))
+
+
+def _pdl_kernels(code: str, arch) -> str:
+    if arch is None or arch_number(str(arch)) < PDL_MIN_ARCH:
+        return code
+    return _KERNEL_ENTRY.sub(lambda m: m.group(1) + "  " + _PDL_ENTRY + "\n", code)
+
+
+# The cuda_host export's launch of each kernel: a cudaLaunchConfig_t filled in, then its
+# tvm_cuda_host_launch helper (the one cudaLaunchKernelEx).
+_HOST_LAUNCH = "  cuda_config.stream = cuda_stream;\n"
+_PDL_ATTR = ("  cudaLaunchAttribute cuda_pdl[1];\n"
+             "  cuda_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;\n"
+             "  cuda_pdl[0].val.programmaticStreamSerializationAllowed = 1;\n"
+             "  cuda_config.attrs = cuda_pdl;\n"
+             "  cuda_config.numAttrs = 1;\n")
+
+
+def pdl_launches(src: str) -> str:
+    """The cuda_host export ``src`` with every kernel launched under programmatic stream
+    serialization (for sm_90+ kernels, whose entries wait: _pdl_kernels). Refuses a source whose
+    launches it does not recognise, rather than leave some of them plain."""
+    launches = src.count("tvm_cuda_host_launch(::")
+    kernels, waits = len(_KERNEL_ENTRY.findall(src)), src.count(_PDL_ENTRY)
+    if not (src.count(_HOST_LAUNCH) == launches == kernels == waits) or src.count("cudaLaunchKernelEx(") != 1:
+        # a kernel launched so without its wait would read what the kernel ahead still writes
+        raise RuntimeError("cannot add programmatic dependent launch: the cuda_host source is not "
+                           f"the expected form ({src.count(_HOST_LAUNCH)} launch configs, {launches} "
+                           f"launches, {kernels} kernels, {waits} waiting); a TVM change? build with "
+                           "TVMNORM_PDL=0")
+    return src.replace(_HOST_LAUNCH, _HOST_LAUNCH + _PDL_ATTR)
+
+
 def _install_cuda_postproc():
     """Registers TVM's CUDA source hook (tvm_callback_cuda_postproc, called on every generated
-    CUDA module, the NVRTC and the nvcc paths alike) with _cp_async_wide_offsets, after any hook
-    registered before."""
+    CUDA module, the NVRTC and the nvcc paths alike) with _cp_async_wide_offsets and
+    _pdl_kernels, after any hook registered before."""
     name = "tvm_callback_cuda_postproc"
     before = tvm_ffi.get_global_func(name, allow_missing=True)
 
     def postproc(code, tgt):
-        return _cp_async_wide_offsets(str(before(code, tgt)) if before is not None else str(code))
+        code = _cp_async_wide_offsets(str(before(code, tgt)) if before is not None else str(code))
+        return _pdl_kernels(code, tgt.attrs.get("arch"))
     tvm_ffi.register_global_func(name, postproc, override=True)
 
 

@@ -15,7 +15,7 @@ import pathlib
 import shutil
 import tempfile
 
-from .cuda_aot import build_cuda_library
+from .cuda_aot import build_cuda_library, pdl_enabled
 from .key import DTYPE_BYTES, NormKey
 from .targets import arch_of, target_spec
 
@@ -278,6 +278,8 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
             "format": FORMAT, "tvmnorm_source_hash": source_hash(), "tvm_version": TVM_VERSION,
             "ffi_version": FFI_VERSION, "target": kind, "arch": arch, "target_spec": target_spec(kind, arch),
             "library": LIBRARY, "sha256": file_sha256(so),
+            # whether its kernels launch with programmatic dependent launch (cuda_aot.pdl_enabled)
+            "pdl": kind == "cuda" and pdl_enabled(arch),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "kernels": entries,
         }
