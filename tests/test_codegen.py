@@ -19,19 +19,10 @@ def cuda_source(key: NormKey, row_config=None, group_rows: int = 1) -> str:
     return generated_cuda(scheduled_funcs(key, "cuda", row_config=row_config, group_rows=group_rows))
 
 
-PDL_WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
-PDL_TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;");'
-PDL_ENTRY = f"\n  {PDL_WAIT}\n  {PDL_TRIGGER}"
-
-
 def kernel(src: str, part: str) -> str:
-    """The body of the ``part`` kernel, after the programmatic dependent launch's wait and
-    trigger that open every sm_90 kernel (_tvm._pdl_kernels)."""
     start = re.search(rf"__global__ void (__launch_bounds__\(\d+(, \d+)?\) )?\w+_{part}_kernel\([^)]*\) {{", src)
     assert start, f"no {part} kernel"
-    body = src[start.end():src.index("\n}\n", start.end())]
-    assert body.startswith(PDL_ENTRY), body[:200]
-    return body[len(PDL_ENTRY):]
+    return src[start.end():src.index("\n}\n", start.end())]
 
 
 def test_row_kernel_uses_vector_loads_and_warp_allreduce():
@@ -1347,48 +1338,72 @@ def test_async_copies_leave_the_other_kernels_as_they_were(key, monkeypatch):
     assert cuda_source(key) == with_async
 
 
-def _kernel_bodies(src: str) -> list:
-    return [src[m.end():] for m in re.finditer(r"__global__ void (__launch_bounds__\([^)]*\) )?\w+\([^)]*\) \{\n", src)]
+def _pdl_waiting(src: str) -> dict:
+    """kernel name -> whether its body opens with griddepcontrol.wait; no kernel lets the next
+    launch early (griddepcontrol.launch_dependents)."""
+    from tvmnorm._tvm import PDL_WAIT
+    assert "launch_dependents" not in src
+    out = {}
+    for m in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)_kernel\([^)]*\) \{\n(.*)\n", src):
+        out[m.group(1)] = m.group(2).strip() == PDL_WAIT
+    assert src.count("griddepcontrol") == sum(out.values())
+    return out
 
 
-@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=7168),
-                                 NormKey(stage="bwd_add", hidden_size=1000),
-                                 NormKey(otype="fp8e4m3", hidden_size=4096)])
-def test_library_kernels_wait_for_the_kernel_ahead_before_any_access(key, monkeypatch):
-    """Programmatic dependent launch (sm_90): every kernel of a library is launched with the
-    programmatic stream serialization attribute, and each one's first statements wait for the
-    kernel ahead of it in the stream (griddepcontrol.wait: its completion and its memory) and
-    then let the next one launch; with TVMNORM_PDL=0 the launches are plain (the A/B), and for
-    sm_80 neither is written (griddepcontrol is sm_90 PTX)."""
+def _pdl_launched(src: str) -> set:
+    return set(re.findall(r"  cuda_config\.attrs = cuda_pdl;\n  cuda_config\.numAttrs = 1;\n"
+                          r"  if \(::tvm_cuda_host_check\(tvm_cuda_host_launch\(::(\w+)_kernel, ", src))
+
+
+@pytest.mark.parametrize("key,waiting", [
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=7168),
+     {"combine", "finalize", "decode_wgrad", "decode_wgrad_few"}),
+    (NormKey(stage="bwd_add", hidden_size=3584),
+     {"combine", "finalize", "decode_wgrad", "decode_wgrad_few", "decode_wgrad_mid"}),
+    (NormKey(otype="fp8e4m3", hidden_size=4096), {"fwd", "narrow_fwd"}),
+    (NormKey(hidden_size=1024), set())])
+def test_kernels_after_another_of_a_call_wait_for_it_under_pdl(key, waiting, monkeypatch):
+    """Programmatic dependent launch (sm_90): a library kernel that runs after another of the same
+    call (finalize and combine after the dx, the decode backward's wgrad after its dx, the fp8
+    forward after amax_zero) waits for it at its entry, before any access, and is launched with
+    the programmatic stream serialization attribute; the first kernel of a call (the dx kernels,
+    amax_zero, the bf16 forward) is launched plainly (the kernel ahead is the user's) and does not
+    wait. TVMNORM_PDL=0 launches the same kernels plainly (the A/B); for sm_80 nothing is written
+    (griddepcontrol is sm_90 PTX)."""
     from tvmnorm.build import key_funcs
     from tvmnorm.cuda_aot import unit_sources
     funcs = key_funcs(key, "cuda")
-    src = "".join(unit_sources(funcs, "sm_90", 1))
-    bodies = _kernel_bodies(src)
-    assert len(bodies) == len(funcs) == src.count("tvm_cuda_host_launch(::")
-    for body in bodies:
-        assert body.startswith(f"  {PDL_WAIT}\n  {PDL_TRIGGER}\n"), body[:200]
-    assert src.count("cuda_pdl[0].val.programmaticStreamSerializationAllowed = 1;") == len(funcs)
-    assert src.count("cuda_config.attrs = cuda_pdl;") == len(funcs)
+    src = "".join(unit_sources(funcs, "sm_90", 2))
+    got = _pdl_waiting(src)
+    assert set(got) == set(funcs)
+    assert {name[len(key.name) + 1:] for name, w in got.items() if w} == waiting
+    assert _pdl_launched(src) == {f"{key.name}_{part}" for part in waiting}
+    assert src.count("cuda_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;") == len(waiting)
     monkeypatch.setenv("TVMNORM_PDL", "0")
-    plain = "".join(unit_sources(funcs, "sm_90", 1))
-    assert "cuda_pdl" not in plain and plain.count(PDL_WAIT) == len(funcs)
+    plain = "".join(unit_sources(funcs, "sm_90", 2))
+    assert "cuda_pdl" not in plain and _pdl_waiting(plain) == got
     monkeypatch.delenv("TVMNORM_PDL")
-    old = "".join(unit_sources(funcs, "sm_80", 1))
+    old = "".join(unit_sources(funcs, "sm_80", 2))
     assert "griddepcontrol" not in old and "cuda_pdl" not in old
 
 
-def test_pdl_launches_refuses_a_kernel_that_does_not_wait(monkeypatch):
+def test_pdl_source_refuses_a_source_it_does_not_recognise():
     """A kernel launched under programmatic stream serialization without its wait would read what
-    the kernel ahead is still writing: a source in which some kernel lacks it is refused whole."""
-    from tvmnorm._tvm import pdl_launches
+    the kernel ahead is still writing: a source in which some kernel or launch is not found is
+    refused whole."""
+    from tvmnorm._tvm import IRModule, compile_module, cuda_source_only, export_cuda_host, pdl_source, target
     from tvmnorm.build import key_funcs
-    from tvmnorm.cuda_aot import unit_sources
-    monkeypatch.setenv("TVMNORM_PDL", "0")
-    src = unit_sources(key_funcs(NormKey(stage="bwd", hidden_size=1024), "cuda"), "sm_90", 1)[0]
-    assert "cuda_pdl" in pdl_launches(src)
+    from tvmnorm.targets import target_spec
+    funcs = key_funcs(NormKey(stage="bwd", hidden_size=1024), "cuda")
+    spec = target(dict(target_spec("cuda", "sm_90"), host={"kind": "cuda_host"}))
+    with cuda_source_only():
+        src = export_cuda_host(compile_module(IRModule(funcs), spec).mod)
+    assert "cuda_pdl" in pdl_source(src, funcs)
     with pytest.raises(RuntimeError, match="programmatic dependent launch"):
-        pdl_launches(src.replace(f"  {PDL_WAIT}\n", "", 1))
+        pdl_source(src.replace("  cuda_config.stream = cuda_stream;\n", "", 1), funcs)
+    renamed = next(s for s in funcs if s.endswith("_finalize"))
+    with pytest.raises(RuntimeError, match="programmatic dependent launch"):
+        pdl_source(re.sub(rf"({renamed})_kernel(\([^)]*\) \{{\n)", r"\1_k\2", src), funcs)
 
 
 def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatch):

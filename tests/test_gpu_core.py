@@ -667,27 +667,45 @@ def test_cuda_library_of_several_translation_units(tmp_path_factory, rows, rng, 
         run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
-@pytest.mark.parametrize("norm,hidden", [("layernorm", 7168), ("rmsnorm", 1024), ("rmsnorm", 128)])
-def test_cuda_library_chains_under_programmatic_dependent_launch(tmp_path_factory, norm, hidden, rng, seed):
-    """A library's kernels launch with programmatic dependent launch on sm_90 (_tvm.pdl_launches),
-    each waiting at its entry for the kernel ahead of it. Chained with no synchronisation: a
-    torch copy writes x, our forward reads it and writes the statistics, our backward (dx, then
-    finalize over its partials) reads them at once, four rounds back to back; every output of
-    every round right against float64, and the weight gradients of the rounds bitwise equal (a
-    kernel reading what the one ahead still writes shows as NaN from the poisoned outputs, or as
-    sums that move between rounds)."""
-    import numpy as np
+PDL_CHAINS = [("layernorm", 7168, "bf16"), ("rmsnorm", 1024, "bf16"), ("rmsnorm", 128, "bf16"),
+              ("layernorm", 4096, "fp8e4m3")]
+
+
+@pytest.fixture(scope="module")
+def pdl_library(tmp_path_factory):
+    """One library (default schedules) of the forward and backward keys of PDL_CHAINS, and its manifest."""
     from tvmnorm.build import build_library
     from tvmnorm.runtime import Registry
-    fwd, bwd = (NormKey(norm=norm, stage=s, hidden_size=hidden) for s in ("fwd", "bwd"))
-    out = tmp_path_factory.mktemp(f"pdl-{norm}-{hidden}") / "cuda"
-    manifest = build_library([fwd, bwd], "cuda", out, log=lambda *_: None)
-    major, minor = torch.cuda.get_device_capability()
-    assert manifest["pdl"] is (major * 10 + minor >= 90)
+    keys = [k for norm, hidden, otype in PDL_CHAINS for k in (
+        NormKey(norm=norm, otype=otype, hidden_size=hidden), NormKey(norm=norm, stage="bwd", hidden_size=hidden))]
+    out = tmp_path_factory.mktemp("pdl") / "cuda"
+    manifest = build_library(keys, "cuda", out, log=lambda *_: None)
     reg = Registry()
     reg.set_library("cuda", out)
+    return reg, manifest
+
+
+@pytest.mark.parametrize("rows", ("train", 64))
+@pytest.mark.parametrize("norm,hidden,otype", PDL_CHAINS)
+def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, norm, hidden, otype, rows, rng, seed):
+    """On sm_90 a library kernel that runs after another of the same call (the backward's combine
+    and finalize after its dx, the decode backward's wgrad after its dx, the fp8 forward after
+    amax_zero) is launched with programmatic dependent launch and waits at its entry for the one
+    ahead (_tvm.pdl_source). Chained with no synchronisation: a torch copy writes x, our forward
+    reads it and writes the statistics, our backward reads them at once, four rounds back to back,
+    at training rows (dx, finalize; 65537 rows of 128: dx, combine, finalize) and at 64 (the
+    decode backward); every output of every round right against float64, and the weight
+    gradients of the rounds bitwise equal (a kernel reading what the one ahead still writes shows
+    as NaN from the poisoned outputs, or as sums that move between rounds)."""
+    import numpy as np
+    reg, manifest = pdl_library
+    major, minor = torch.cuda.get_device_capability()
+    assert manifest["pdl"] is (major * 10 + minor >= 90)
+    fwd = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    bwd = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
     kf, kb = reg.get(fwd, "cuda"), reg.get(bwd, "cuda")
-    rows = 4097 if hidden > 128 else 65537
+    assert kf.origin == kb.origin == "library:default"
+    rows = (4097 if hidden > 128 else 65537) if rows == "train" else rows
     host = make_inputs(fwd, rows, rng, device="cuda")
     dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
     rounds = []

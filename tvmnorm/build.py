@@ -82,8 +82,15 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
             sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
         marks = [AMAX_FOLD] if part == "fwd" and folds_amax(key, kind) else []
         marks += [STATS_FIRST] if part == "fwd" and stores_stats_first(key, kind) else []
-        out.update(_kernel(sch, func, *marks))
+        out.update(_kernel(sch, func, *marks, *pdl_marks(key, kind, part)))
     return out
+
+
+def pdl_marks(key: NormKey, kind: str, part: str) -> list:
+    """[_tvm.PDL_WAITS] for a kernel that runs after another of its call (compute.norms.pdl_waits)."""
+    from ._tvm import PDL_WAITS
+    from .compute.norms import pdl_waits
+    return [PDL_WAITS] if pdl_waits(key, kind, part) else []
 
 
 def _kernel(sch, func, *marks: str) -> dict:
@@ -183,7 +190,8 @@ def decode_funcs(key: NormKey, kind: str) -> dict:
     out = {}
     for part, func in decode_computes(key, kind, decode_parts(key), rows=symbolic_rows(32),
                                       prefix=decode_prefix(key)).items():
-        out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func))
+        out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func,
+                           *pdl_marks(key, kind, part)))
     return out
 
 
@@ -278,7 +286,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
             "format": FORMAT, "tvmnorm_source_hash": source_hash(), "tvm_version": TVM_VERSION,
             "ffi_version": FFI_VERSION, "target": kind, "arch": arch, "target_spec": target_spec(kind, arch),
             "library": LIBRARY, "sha256": file_sha256(so),
-            # whether its kernels launch with programmatic dependent launch (cuda_aot.pdl_enabled)
+            # whether the kernels that follow another launch with programmatic dependent launch
             "pdl": kind == "cuda" and pdl_enabled(arch),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "kernels": entries,

@@ -38,8 +38,9 @@ def _run(cmd: list) -> None:
 
 
 def pdl_enabled(arch: str) -> bool:
-    """Whether a library for ``arch`` launches its kernels with programmatic dependent launch
-    (_tvm.pdl_launches): on sm_90+, unless TVMNORM_PDL=0 (the A/B against plain launches)."""
+    """Whether a library for ``arch`` launches the kernels that follow another of its own in a
+    call with programmatic dependent launch (_tvm.pdl_source): on sm_90+, unless TVMNORM_PDL=0
+    (the same kernels launched plainly: the A/B)."""
     from ._tvm import PDL_MIN_ARCH, arch_number
     return arch_number(arch) >= PDL_MIN_ARCH and os.environ.get("TVMNORM_PDL", "1") != "0"
 
@@ -47,16 +48,18 @@ def pdl_enabled(arch: str) -> bool:
 def unit_sources(funcs: dict, arch: str, units: int) -> list:
     """The CUDA C++ of ``funcs`` (symbol -> scheduled PrimFunc) cut into at most ``units``
     translation units that link into one library."""
-    from ._tvm import IRModule, compile_module, cuda_source_only, export_cuda_host, pdl_launches, target
+    from ._tvm import PDL_MIN_ARCH, IRModule, arch_number, compile_module, cuda_source_only, export_cuda_host, \
+        pdl_source, target
     names = list(funcs)
     units = max(1, min(units, len(names) // _MIN_PER_UNIT or 1))
     spec = target(dict(target_spec("cuda", arch), host={"kind": "cuda_host"}))
     sources = []
     for i in range(units):
+        unit = {n: funcs[n] for n in names[i::units]}
         with cuda_source_only():
-            src = export_cuda_host(compile_module(IRModule({n: funcs[n] for n in names[i::units]}), spec).mod)
-        if pdl_enabled(arch):
-            src = pdl_launches(src)
+            src = export_cuda_host(compile_module(IRModule(unit), spec).mod)
+        if arch_number(arch) >= PDL_MIN_ARCH:
+            src = pdl_source(src, unit, launch=pdl_enabled(arch))
         if i:
             if src.count(_LIBRARY_CTX) != 1:
                 raise RuntimeError("cannot split the CUDA library: the generated source does not define "

@@ -172,6 +172,18 @@ def stores_stats_first(key: NormKey, kind: str) -> bool:
     return False
 
 
+# The kernels of one call run in KERNEL_PARTS' order (the decode backward: dx, then one of its
+# wgrad kernels): these run after another of ours.
+FOLLOWING_PARTS = ("combine", "finalize", "wgrad", "wgrad_few", "wgrad_mid")
+
+
+def pdl_waits(key: NormKey, kind: str, part: str) -> bool:
+    """Whether ``part``'s kernel runs after another kernel of the same call (the folding fp8
+    forward after amax_zero, too), so that a CUDA library launches it with programmatic
+    dependent launch and it waits for that one at its entry (_tvm.PDL_WAITS)."""
+    return kind == "cuda" and (part in FOLLOWING_PARTS or (part == "fwd" and folds_amax(key, kind)))
+
+
 def parts_of(key: NormKey, kind: str) -> tuple:
     """The kernels of a key on target ``kind``, in call order; a call runs combine only for
     many partials, and amax or amax_one by its row count (runtime.NormKernel)."""
