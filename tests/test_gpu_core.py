@@ -727,6 +727,53 @@ def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, no
                                   rounds[0][3][name].view(torch.int16).cpu().numpy()), f"{name} moved: {context}"
 
 
+@pytest.mark.parametrize("rows", ("train", 64))
+@pytest.mark.parametrize("norm,hidden,otype", PDL_CHAINS)
+def test_cuda_library_calls_replay_in_a_cuda_graph(pdl_library, norm, hidden, otype, rows, rng, seed):
+    """A forward and a backward call of the library captured in one CUDA graph (torch's capture
+    on a side stream, after a warm-up call) and replayed on new inputs copied into the captured
+    buffers, outputs poisoned before each replay: every output right against float64 after each
+    of three replays. The calls' later kernels are launched with programmatic dependent launch
+    (_tvm.pdl_source), which a capture records as programmatic edges; the backward's partials
+    come from the graph's memory pool."""
+    from conftest import output_specs, poisoned
+    reg, _ = pdl_library
+    fwd = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    bwd = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
+    kf, kb = reg.get(fwd, "cuda"), reg.get(bwd, "cuda")
+    rows = (4097 if hidden > 128 else 65537) if rows == "train" else rows
+    f_in = {n: t.clone() for n, t in make_inputs(fwd, rows, rng, device="cuda").items()}
+    dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
+    f_out = {n: poisoned(shape, dt, "cuda") for n, (shape, dt) in output_specs(fwd, rows).items()}
+    b_out = {n: poisoned(shape, dt, "cuda") for n, (shape, dt) in output_specs(bwd, rows).items()}
+    b_in = {"x": f_in["x"], "gamma": f_in["gamma"], "dy": dy, "rsigma": f_out["rsigma"],
+            **({"mu": f_out["mu"]} if norm == "layernorm" else {})}
+
+    def run():
+        kf(*[f_in[n] if n in f_in else f_out[n] for n in kf.signature])
+        kb(*[b_in[n] if n in b_in else b_out[n] for n in kb.signature])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # loads and looks up every kernel the calls launch, outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for i in range(3):
+        fresh_f = make_inputs(fwd, rows, rng, device="cuda")
+        for n in f_in:
+            f_in[n].copy_(fresh_f[n])
+        dy.copy_(tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda"))
+        for t in (*f_out.values(), *b_out.values()):
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        context = f"replay {i} {norm} {hidden} {otype} rows={rows} seed={seed}"
+        check_outputs(fwd, f_in, f_out, context)
+        check_outputs(bwd, b_in, b_out, context)
+
+
 @pytest.mark.parametrize("rows", (1, 33, 4097))
 @pytest.mark.parametrize("norm,otype,hidden", [
     ("rmsnorm", "bf16", 7168), ("rmsnorm", "bf16", 8192), ("layernorm", "bf16", 128), ("layernorm", "bf16", 1024),
