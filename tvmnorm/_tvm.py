@@ -128,7 +128,7 @@ def _cp_async_wide_offsets(code: str) -> str:
 # memory flush instead of following them. The first kernel of a call is launched plainly. On the
 # H200 (bench/results/h200-run39/, same kernels launched plainly as the reference): the bf16
 # backward 0.4-6.3% faster at 16384 tokens (layernorm 512 30.4 -> 29.0 us), the fp8 forward
-# 0.8-7.3%, the decode backward ~10-20%. Two other ways lost: leaders that let the follower
+# 0.8-7.3%, the decode backward 9-15%. Two other ways lost: leaders that let the follower
 # launch at their entry (it then sat resident through the leader's last wave: layernorm
 # backward 0.4-8% slower than plain), and every kernel launched so (a call's first kernel
 # waited ~0.6 us longer behind the user's kernel: the forward at decode rows 4.4 -> 5.1 us).
