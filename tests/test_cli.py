@@ -169,3 +169,18 @@ def test_device_carry_moves_results_out_of_the_tree_and_back(tmp_path):
     assert {p: (root / p).read_text() for p in files} == files
     assert not (root / ".device" / "stash").exists()
     assert "nothing to restore" in carry("restore").stdout
+
+
+@pytest.mark.parametrize("target,pdl,shown", [("cuda", True, " pdl=on"), ("cuda", False, " pdl=off"),
+                                              ("cuda", None, ""), ("llvm", False, "")])
+def test_list_says_whether_a_cuda_library_launches_with_pdl(tmp_path, target, pdl, shown):
+    """The listing's header ends with the manifest's programmatic dependent launch flag for a CUDA
+    library (build.build_library writes it; TVMNORM_PDL=0 builds turn it off), and says nothing
+    where the manifest has no flag (a library built before it) or for llvm."""
+    manifest = {"target": target, "arch": "sm_90" if target == "cuda" else "znver5", "tvm_version": "t",
+                "ffi_version": "f", "tvmnorm_source_hash": "h", "sha256": "0" * 64, "kernels": []}
+    if pdl is not None:
+        manifest["pdl"] = pdl
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    header = tvmnorm_cli("list", "--target", target, "--library", str(tmp_path)).splitlines()[0]
+    assert header.endswith("sha256=000000000000" + shown), header

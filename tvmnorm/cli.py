@@ -94,9 +94,12 @@ def cmd_list(args):
     if not mf.exists():
         raise SystemExit(f"no library at {path} (run `tvmnorm build --target {args.target}` first)")
     manifest = json.loads(mf.read_text())
+    # a CUDA library's later kernels of a call launch with programmatic dependent launch unless
+    # it was built with TVMNORM_PDL=0 (libraries built before the flag do not say)
+    pdl = f" pdl={'on' if manifest['pdl'] else 'off'}" if manifest["target"] == "cuda" and "pdl" in manifest else ""
     print(f"# {path}: target={manifest['target']} arch={manifest['arch']} tvm={manifest['tvm_version']} "
           f"ffi={manifest['ffi_version']} source={manifest['tvmnorm_source_hash']} "
-          f"sha256={manifest['sha256'][:12]}")
+          f"sha256={manifest['sha256'][:12]}{pdl}")
     for e in manifest["kernels"]:
         k = NormKey.unpack(int(e["key"]))
         zc = ", zero_centered_gamma" if k.zero_centered_gamma else ""
