@@ -42,6 +42,12 @@ COMPUTE = {"fp32": 1e-5, "fp64": 1e-12}
 UNIT = {"fp32": 2.0 ** -24, "fp64": 2.0 ** -53}
 
 
+def has_nvcc() -> bool:
+    """Whether the nvcc the CUDA library build runs (cuda_aot.nvcc_path) is installed."""
+    from tvmnorm.cuda_aot import nvcc_path
+    return os.path.exists(nvcc_path())
+
+
 def committed_llvm_records() -> dict:
     """packed key -> record of the committed CPU records (schedules/llvm-<cpu>.json), whichever
     CPU tuned them: a record's trace applies to its PrimFunc on any llvm host, but

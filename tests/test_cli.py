@@ -4,12 +4,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from conftest import has_nvcc
 from tvmnorm.build import LIBRARY, MANIFEST
 from tvmnorm.key import NormKey
 
@@ -102,7 +102,7 @@ def test_search_overhead_runs_the_search_without_a_gpu():
     assert "1 keys, 1 tasks, 3 candidates (and 1 seeds: " in r.stdout and "3 trials per task" in r.stdout, \
         r.stdout[-500:]
     # with the candidates really compiled by nvcc, while the search goes on (--overlap-builds)
-    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")):
+    if not has_nvcc():
         pytest.skip("nvcc not installed")
     r = subprocess.run([sys.executable, script, "--norms", "rmsnorm", "--stages", "bwd", "--hidden", "1024",
                         "--chunk-rows", "16", "--trials", "3", "--build", "nvcc", "--overlap-builds"],

@@ -3,11 +3,10 @@ the H200 runs depend on, and the race that was found there staying fixed."""
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import re
 
 import pytest
-from conftest import generated_cuda
+from conftest import generated_cuda, has_nvcc
 
 from tvmnorm import NormKey
 from tvmnorm.build import scheduled_funcs
@@ -1408,9 +1407,8 @@ def test_pdl_source_refuses_a_source_it_does_not_recognise():
 
 def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatch):
     """The manifest records how the library launches (a run's bench files name the library)."""
-    import shutil
     from tvmnorm.build import build_library
-    if not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+    if not has_nvcc():
         pytest.skip("nvcc not installed")
     key = NormKey(hidden_size=128)
     assert build_library([key], "cuda", tmp_path / "on", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is True

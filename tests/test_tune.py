@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import call, check_outputs, committed_llvm_records, generated_cuda, make_inputs
+from conftest import call, check_outputs, committed_llvm_records, generated_cuda, has_nvcc, make_inputs
 from tvmnorm import NormKey, reference
 from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
@@ -358,12 +358,11 @@ def test_candidates_build_in_forked_workers(kind, build, key, part):
     for a row kernel and the fused bwd kernel. CUDA candidates either the NVRTC way (TVM's CUDA
     build: without a CUDA runtime, as here, the library keeps the CUDA source, so it can only be
     loaded where there is one) or through cuda_host + nvcc (loadable with tvm_ffi alone)."""
-    import shutil
     from tvm.s_tir import meta_schedule as ms
     from tvmnorm._tvm import IRModule, Schedule, cuda_available, load_module, target
     from tvmnorm.measure import InProcessBuilder
     from tvmnorm.targets import target_spec
-    if build == "nvcc" and not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+    if build == "nvcc" and not has_nvcc():
         pytest.skip("nvcc not installed")
     tgt = target(target_spec(kind))
     inputs = []
@@ -1264,7 +1263,7 @@ def test_cuda_library_in_several_translation_units_links_and_loads(tmp_path):
     import subprocess
     from tvmnorm._tvm import load_module
     from tvmnorm.cuda_aot import unit_sources
-    if not (shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/bin/nvcc").exists()):
+    if not has_nvcc():
         pytest.skip("nvcc not installed")
     keys = [NormKey(hidden_size=1024), NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
             NormKey(otype="fp8e4m3", hidden_size=4096)]

@@ -27,7 +27,8 @@ _LIBRARY_CTX_DECL = "extern void* __tvm_ffi__library_ctx;"
 _MIN_PER_UNIT = 4
 
 
-def _nvcc() -> str:
+def nvcc_path() -> str:
+    """nvcc on PATH, else CUDA's default install location (which may not exist)."""
     return shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 
 
@@ -88,11 +89,11 @@ def build_cuda_library(funcs: dict, arch: str, so_path, workdir, jobs: int | Non
     for cu, src in zip(cus, sources):
         cu.write_text(src)
     if len(cus) == 1:
-        _run([_nvcc(), "-shared", *flags, str(cus[0]), "-o", str(so_path), *link])
+        _run([nvcc_path(), "-shared", *flags, str(cus[0]), "-o", str(so_path), *link])
         return
     objs = [cu.with_suffix(".o") for cu in cus]
     with concurrent.futures.ThreadPoolExecutor(len(cus)) as pool:
-        for done in [pool.submit(_run, [_nvcc(), "-c", *flags, str(cu), "-o", str(o)]) for cu, o in zip(cus, objs)]:
+        for done in [pool.submit(_run, [nvcc_path(), "-c", *flags, str(cu), "-o", str(o)]) for cu, o in zip(cus, objs)]:
             done.result()
-    _run([_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-Xlinker", "--allow-multiple-definition",
+    _run([nvcc_path(), "-shared", "-Xcompiler", "-fPIC", "-Xlinker", "--allow-multiple-definition",
           *map(str, objs), "-o", str(so_path), *link])
