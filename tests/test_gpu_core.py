@@ -685,6 +685,21 @@ def pdl_library(tmp_path_factory):
     return reg, manifest
 
 
+def pdl_chain(reg, norm, hidden, otype, rows):
+    """The forward and backward keys of a PDL_CHAINS case, their kernels from ``reg`` and its row
+    count ("train": 4097, or 65537 rows of 128, where the backward runs combine too)."""
+    fwd = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    bwd = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
+    rows = (4097 if hidden > 128 else 65537) if rows == "train" else rows
+    return fwd, bwd, reg.get(fwd, "cuda"), reg.get(bwd, "cuda"), rows
+
+
+def bwd_inputs_of(f_in, f_out, dy, norm):
+    """The backward's inputs after a forward call: its x and gamma, dy, and the statistics it wrote."""
+    return {"x": f_in["x"], "gamma": f_in["gamma"], "dy": dy, "rsigma": f_out["rsigma"],
+            **({"mu": f_out["mu"]} if norm == "layernorm" else {})}
+
+
 @pytest.mark.parametrize("rows", ("train", 64))
 @pytest.mark.parametrize("norm,hidden,otype", PDL_CHAINS)
 def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, norm, hidden, otype, rows, rng, seed):
@@ -701,11 +716,8 @@ def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, no
     reg, manifest = pdl_library
     major, minor = torch.cuda.get_device_capability()
     assert manifest["pdl"] is (major * 10 + minor >= 90)
-    fwd = NormKey(norm=norm, otype=otype, hidden_size=hidden)
-    bwd = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
-    kf, kb = reg.get(fwd, "cuda"), reg.get(bwd, "cuda")
+    fwd, bwd, kf, kb, rows = pdl_chain(reg, norm, hidden, otype, rows)
     assert kf.origin == kb.origin == "library:default"
-    rows = (4097 if hidden > 128 else 65537) if rows == "train" else rows
     host = make_inputs(fwd, rows, rng, device="cuda")
     dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
     rounds = []
@@ -713,8 +725,7 @@ def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, no
         x = torch.empty_like(host["x"]).copy_(host["x"])
         f_in = dict(host, x=x)
         f_out = call(kf, f_in, rows, device="cuda")
-        b_in = {"x": x, "gamma": host["gamma"], "dy": dy, "rsigma": f_out["rsigma"],
-                **({"mu": f_out["mu"]} if norm == "layernorm" else {})}
+        b_in = bwd_inputs_of(f_in, f_out, dy, norm)
         rounds.append((f_in, f_out, b_in, call(kb, b_in, rows, device="cuda")))
     torch.cuda.synchronize()
     sums = ("dgamma", "dbeta") if norm == "layernorm" else ("dgamma",)
@@ -737,17 +748,12 @@ def test_cuda_library_calls_replay_in_a_cuda_graph(pdl_library, norm, hidden, ot
     (_tvm.pdl_source), which a capture records as programmatic edges; the backward's partials
     come from the graph's memory pool."""
     from conftest import output_specs, poisoned
-    reg, _ = pdl_library
-    fwd = NormKey(norm=norm, otype=otype, hidden_size=hidden)
-    bwd = NormKey(norm=norm, stage="bwd", hidden_size=hidden)
-    kf, kb = reg.get(fwd, "cuda"), reg.get(bwd, "cuda")
-    rows = (4097 if hidden > 128 else 65537) if rows == "train" else rows
+    fwd, bwd, kf, kb, rows = pdl_chain(pdl_library[0], norm, hidden, otype, rows)
     f_in = {n: t.clone() for n, t in make_inputs(fwd, rows, rng, device="cuda").items()}
     dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
     f_out = {n: poisoned(shape, dt, "cuda") for n, (shape, dt) in output_specs(fwd, rows).items()}
     b_out = {n: poisoned(shape, dt, "cuda") for n, (shape, dt) in output_specs(bwd, rows).items()}
-    b_in = {"x": f_in["x"], "gamma": f_in["gamma"], "dy": dy, "rsigma": f_out["rsigma"],
-            **({"mu": f_out["mu"]} if norm == "layernorm" else {})}
+    b_in = bwd_inputs_of(f_in, f_out, dy, norm)
 
     def run():
         kf(*[f_in[n] if n in f_in else f_out[n] for n in kf.signature])
