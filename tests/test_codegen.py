@@ -505,31 +505,6 @@ def test_early_weights_load_before_the_row_sums(norm, otype, hidden, threads, ro
             assert copy.index("x_ptr +") < barrier
 
 
-@pytest.mark.parametrize("norm,otype,hidden", [
-    ("rmsnorm", "bf16", 512), ("layernorm", "bf16", 1000), ("layernorm", "fp8e4m3", 7168), ("rmsnorm", "bf16", 128)])
-def test_small_call_forward_loads_its_weights_with_x(norm, otype, hidden):
-    """The small-call forward a library serves decode rows with (build.small_call_funcs) is the
-    default rule's kept row with its weights loaded before the row sums' first barrier, where its
-    sums cross warps (sched.default.small_call_cuda_heuristic); the rule's own forward, which
-    training-row calls of keys without a record run, loads them after. Rows of one warp (hidden
-    128: shuffles, no barrier) are the rule's."""
-    from tvmnorm.build import small_call_funcs
-    from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
-    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
-    rule = fwd_cuda_heuristic(hidden, 2)
-    small = small_call_cuda_heuristic(hidden, 2)
-    assert small == (dataclasses.replace(rule, early_weights=True) if rule.threads >= 64 else rule)
-    weights = ("gamma", "beta") if norm == "layernorm" else ("gamma",)
-    for body, early in ((kernel(generated_cuda(small_call_funcs(key, "cuda")), "small_fwd"), small.early_weights),
-                        (kernel(cuda_source(key), "fwd"), False)):
-        barrier = body.find("__syncthreads")
-        if barrier < 0:
-            assert not early and rule.threads <= 32
-            continue
-        for w in weights:
-            assert all((at < barrier) == early for at in (m.start() for m in re.finditer(rf"\b{w}_ptr \+", body))), w
-
-
 def test_early_weights_are_a_kept_forward_schedule():
     from tvmnorm.build import scheduled_funcs
     from tvmnorm.sched.rows import CudaRowConfig

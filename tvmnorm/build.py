@@ -213,11 +213,8 @@ def small_call_funcs(key: NormKey, kind: str) -> dict:
     """The default schedule's forward kernel of a tuned key, under the symbol
     ``<key>_small_fwd``: the library serves calls of at most runtime.SMALL_CALL_BYTES of x
     with it (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). Such a call
-    always fits int32 offsets, so on CUDA it has an int32 row count, and its weights load
-    with x (sched.default.small_call_cuda_heuristic)."""
-    from .sched.default import small_call_cuda_heuristic
-    cfg = small_call_cuda_heuristic(key.hidden_size, DTYPE_BYTES[key.itype]) if kind == "cuda" else None
-    funcs = scheduled_funcs(key, kind, row_config=cfg, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
+    always fits int32 offsets, so on CUDA it has an int32 row count."""
+    funcs = scheduled_funcs(key, kind, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
                             prefix=small_call_prefix(key))
     return {small_call_symbol(key): funcs[small_call_symbol(key)]}
 

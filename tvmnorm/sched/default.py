@@ -11,7 +11,7 @@ import dataclasses
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 from .rows import ROW_OPERANDS, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
-from .space import EARLY_WEIGHTS_THREADS, fused_register_limit, fused_registers, staged_fits
+from .space import fused_register_limit, fused_registers, staged_fits
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -78,21 +78,6 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
         return cuda_row_heuristic(hidden, elem_bytes)
     return CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, unroll=256, keep_row=True,
                          keep_y=True)
-
-
-def small_call_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
-    """The forward of a small call (runtime.is_small_call: decode rows, at most a few MiB of x):
-    fwd_cuda_heuristic's, with the weights loaded with x, before the row sums (early_weights),
-    where the row is kept and its sums cross warps (EARLY_WEIGHTS_THREADS). A small call is a
-    few waves of DRAM latency, not of bandwidth: with the weights loaded after the sums' barriers
-    (nvcc does not move a load above __syncthreads) a thread waits for x, then again for gamma,
-    which the previous call's traffic has long evicted from L2. At training rows the same points
-    timed -3% to +2% against the rule (bench/results/h200-run16/probe-ew.json), so the rule itself
-    keeps its weights late."""
-    cfg = fwd_cuda_heuristic(hidden, elem_bytes)
-    if cfg.keep_row and cfg.threads >= EARLY_WEIGHTS_THREADS:
-        return dataclasses.replace(cfg, early_weights=True)
-    return cfg
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
