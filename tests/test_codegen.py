@@ -1390,13 +1390,11 @@ def test_pdl_source_refuses_a_source_it_does_not_recognise():
     """A kernel launched under programmatic stream serialization without its wait would read what
     the kernel ahead is still writing: a source in which some kernel or launch is not found is
     refused whole."""
-    from tvmnorm._tvm import IRModule, compile_module, cuda_source_only, export_cuda_host, pdl_source, target
+    from tvmnorm._tvm import pdl_source
     from tvmnorm.build import key_funcs
-    from tvmnorm.targets import target_spec
+    from tvmnorm.cuda_aot import cuda_host_source
     funcs = key_funcs(NormKey(stage="bwd", hidden_size=1024), "cuda")
-    spec = target(dict(target_spec("cuda", "sm_90"), host={"kind": "cuda_host"}))
-    with cuda_source_only():
-        src = export_cuda_host(compile_module(IRModule(funcs), spec).mod)
+    src = cuda_host_source(funcs, "sm_90")
     assert "cuda_pdl" in pdl_source(src, funcs)
     with pytest.raises(RuntimeError, match="programmatic dependent launch"):
         pdl_source(src.replace("  cuda_config.stream = cuda_stream;\n", "", 1), funcs)

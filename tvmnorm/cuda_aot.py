@@ -46,19 +46,25 @@ def pdl_enabled(arch: str) -> bool:
     return arch_number(arch) >= PDL_MIN_ARCH and os.environ.get("TVMNORM_PDL", "1") != "0"
 
 
+def cuda_host_source(funcs: dict, arch: str) -> str:
+    """TVM's cuda_host export of ``funcs`` (symbol -> scheduled PrimFunc): the kernels and their
+    host launches as one CUDA C++ source, before unit_sources' changes to it."""
+    from ._tvm import IRModule, compile_module, cuda_source_only, export_cuda_host, target
+    spec = target(dict(target_spec("cuda", arch), host={"kind": "cuda_host"}))
+    with cuda_source_only():
+        return export_cuda_host(compile_module(IRModule(funcs), spec).mod)
+
+
 def unit_sources(funcs: dict, arch: str, units: int) -> list:
     """The CUDA C++ of ``funcs`` (symbol -> scheduled PrimFunc) cut into at most ``units``
     translation units that link into one library."""
-    from ._tvm import PDL_MIN_ARCH, IRModule, arch_number, compile_module, cuda_source_only, export_cuda_host, \
-        pdl_source, target
+    from ._tvm import PDL_MIN_ARCH, arch_number, pdl_source
     names = list(funcs)
     units = max(1, min(units, len(names) // _MIN_PER_UNIT or 1))
-    spec = target(dict(target_spec("cuda", arch), host={"kind": "cuda_host"}))
     sources = []
     for i in range(units):
         unit = {n: funcs[n] for n in names[i::units]}
-        with cuda_source_only():
-            src = export_cuda_host(compile_module(IRModule(unit), spec).mod)
+        src = cuda_host_source(unit, arch)
         if arch_number(arch) >= PDL_MIN_ARCH:
             src = pdl_source(src, unit, launch=pdl_enabled(arch))
         if i:

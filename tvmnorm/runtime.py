@@ -112,7 +112,7 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
 # behind the best of torch eager and Liger, where the tuned records were in 4 cells.
 # The small-call kernel with its weights loaded with x, before the row sums' barriers
 # (early_weights), lost to it at these rows: geomean 0.965x layernorm, 0.988x rmsnorm over the 96
-# bf16 decode cells, 10-20% slower at hidden >= 3584 (bench/results/h200-run40/README.md).
+# bf16 decode cells, 10-21% slower at hidden >= 3584 (bench/results/h200-run40/README.md).
 SMALL_CALL_BYTES = 4 << 20
 
 
