@@ -207,10 +207,16 @@ def dx_chunk_rows(rows: int, t: int, shorter=SMALL_DX_CHUNK_ROWS, hidden: int = 
 _NARROW_SLACK_ROWS = 1024
 
 
+def narrow_rows(hidden: int) -> int:
+    """The most rows of ``hidden`` a call may have and index within int32: (rows + slack) *
+    hidden < 2^31."""
+    return ((1 << 31) - 1) // hidden - _NARROW_SLACK_ROWS
+
+
 def fits_int32(rows: int, hidden: int) -> bool:
     """Whether a call of ``rows`` rows of ``hidden`` indexes within int32 (the kernels with an
     int32 row count serve it, build.NARROW_PARTS)."""
-    return (rows + _NARROW_SLACK_ROWS) * hidden < 1 << 31
+    return rows <= narrow_rows(hidden)
 
 
 class NormKernel:
@@ -235,6 +241,15 @@ class NormKernel:
         self._small_dx = small_dx or {}  # T -> the dx kernel at chunks of T rows (int32 rows)
         self._decode = decode or {}  # DECODE_PARTS: the decode backward (int32 rows)
         self._ctype = TVM_DTYPE[key.ctype]
+        # A forward without fp8's amax passes its arrays through as they come (signature order),
+        # and the kernel it runs depends on the row count alone: is_small_call and fits_int32 as
+        # row bounds, so that a decode call (a few us of GPU time) pays no Python for them.
+        self._x_at, self._nargs = self.signature.index("x"), len(self.signature)
+        self._plain_fwd = key.stage == "fwd" and not key.fp8_out
+        self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
+        small = key.stage == "fwd" and "fwd" in self._small
+        self._small_rows = SMALL_CALL_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype]) if small else -1
+        self._narrow_rows = narrow_rows(key.hidden_size)
 
     def parts_for(self, rows: int) -> dict:
         """part -> the kernel a call of ``rows`` rows runs (int32 rows where the call fits)."""
@@ -254,8 +269,10 @@ class NormKernel:
     def forward_for(self, rows: int):
         """The forward kernel a call of ``rows`` rows runs: the small-call one at most
         SMALL_CALL_BYTES of x, where the library holds one."""
-        if is_small_call(self.key, rows) and "fwd" in self._small:
+        if rows <= self._small_rows:
             return self._small["fwd"]
+        if rows <= self._narrow_rows:
+            return self._narrow["fwd"]
         return self.parts_for(rows)["fwd"]
 
     def own_chunk_rows(self) -> int:
@@ -281,11 +298,15 @@ class NormKernel:
         return f"NormKernel({self.key.norm} {self.key.stage} {self.key.describe()}, {self.kind}, {self.origin})"
 
     def __call__(self, *arrays, eps: float | None = None):
-        if len(arrays) != len(self.signature):
+        if len(arrays) != self._nargs:
             raise TypeError(f"{self.key.norm} {self.key.stage} kernel takes {len(self.signature)} arrays "
                             f"({', '.join(self.signature)}), got {len(arrays)}")
+        rows = int(arrays[self._x_at].shape[0])
+        if self._plain_fwd:
+            if rows or self.kind != "cuda":  # CUDA rejects an empty grid
+                self.forward_for(rows)(*arrays, float(self._default_eps if eps is None else eps))
+            return None
         a = dict(zip(self.signature, arrays))
-        rows = int(a["x"].shape[0])
         if self.key.stage == "fwd":
             if eps is None:
                 eps = 1e-5 if self.key.norm == "layernorm" else 1e-6

@@ -93,14 +93,15 @@ def check_x(op: str, x, weights) -> int:
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"{op}: the normalized (last) dimension of x has size {hidden}; supported sizes "
                          f"are 1 .. {MAX_HIDDEN}")
-    if x.device.type not in ("cpu", "cuda"):
+    if not (x.is_cuda or x.is_cpu):
         raise ValueError(f"{op}: x is on {x.device}; tvmnorm runs on cpu and cuda tensors")
+    device = x.device
     for name, w in weights:
-        if tuple(w.shape) != (hidden,):
+        if w.shape != (hidden,):
             raise ValueError(f"{op}: {name} must have shape [{hidden}] (the last dimension of x), "
                              f"got {list(w.shape)}")
-        if w.device != x.device:
-            raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
+        if w.device != device:
+            raise ValueError(f"{op}: x is on {device} but {name} is on {w.device}")
     if not x.is_contiguous():
         # Row-contiguous == contiguous here: [.., hidden] viewed as [rows, hidden] with strides
         # (hidden, 1). Say which of the two ways it fails, the padded-row one being the common
@@ -153,26 +154,55 @@ def compact_grad(dy: torch.Tensor, hidden: int) -> torch.Tensor:
     dy = dy.contiguous()
     if not aligned(dy, hidden):
         dy = dy.clone()
-    return dy.view(-1, hidden)
+    return dy
+
+
+# (op, x dtype, weight dtypes, out dtype) combinations check_dtypes has passed: a set lookup
+# instead of its checks on every call.
+_DTYPES_OK: set = set()
+
+
+def check_input(op: str, x, weights, out_dtype, fp8: bool = False) -> int:
+    """check_dtypes (once per dtype combination), check_x and check_x_aligned: the hidden size."""
+    combo = (op, x.dtype, out_dtype, *[w.dtype for _, w in weights])
+    if combo not in _DTYPES_OK:
+        check_dtypes(op, x, weights, out_dtype, fp8)
+        _DTYPES_OK.add(combo)
+    hidden = check_x(op, x, weights)
+    if x.is_cuda:
+        check_x_aligned(op, x, hidden)
+    return hidden
 
 
 # ---------------------------------------------------------------------------------------------
-# Host functions on [rows, hidden] tensors. x2 must be row-contiguous; the weights compact.
+# Host functions. x (and dy) come validated and row-contiguous in any leading shape, the weights
+# compact; outputs are allocated in x's shape, and the kernels get [rows, hidden] views. A decode
+# call's kernel takes a few us of GPU time, so this path allocates each output once and views
+# only what is not already 2-D (a view costs ~1 us of Python, a torch.Size argument ~1.5 more).
 
-def rms_fwd(x2, w, eps: float, zc: bool, out_dtype):
-    rows, hidden = x2.shape
-    y = torch.empty((rows, hidden), dtype=out_dtype, device=x2.device)
-    rs = torch.empty((rows,), dtype=stat_dtype(x2.dtype), device=x2.device)
-    kernel("rmsnorm", "fwd", x2.dtype, w.dtype, out_dtype, hidden, zc, x2.device)(x2, w, y, rs, eps=eps)
+def rows2d(t, hidden: int):
+    return t if t.dim() == 2 else t.view(-1, hidden)
+
+
+def rows_of(x) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def rms_fwd(x, w, eps: float, zc: bool, out_dtype):
+    hidden = x.shape[-1]
+    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    rs = x.new_empty(rows_of(x), dtype=stat_dtype(x.dtype))
+    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.device)(
+        rows2d(x, hidden), w, rows2d(y, hidden), rs, eps=eps)
     return y, rs
 
 
-def ln_fwd(x2, w, b, eps: float, zc: bool, out_dtype):
-    rows, hidden = x2.shape
-    y = torch.empty((rows, hidden), dtype=out_dtype, device=x2.device)
-    mu = torch.empty((rows,), dtype=stat_dtype(x2.dtype), device=x2.device)
-    rs = torch.empty((rows,), dtype=stat_dtype(x2.dtype), device=x2.device)
-    kernel("layernorm", "fwd", x2.dtype, w.dtype, out_dtype, hidden, zc, x2.device)(x2, w, b, y, mu, rs, eps=eps)
+def ln_fwd(x, w, b, eps: float, zc: bool, out_dtype):
+    hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
+    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    mu, rs = x.new_empty(rows, dtype=sd), x.new_empty(rows, dtype=sd)
+    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.device)(
+        rows2d(x, hidden), w, b, rows2d(y, hidden), mu, rs, eps=eps)
     return y, mu, rs
 
 
@@ -187,46 +217,47 @@ def _amax_out(rows: int, device):
     return (torch.empty if rows else torch.zeros)((1,), dtype=torch.float32, device=device)
 
 
-def rms_fwd_fp8(x2, w, scale, eps: float, zc: bool, fp8_dtype):
-    rows, hidden = x2.shape
-    y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
-    rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
-    amax = _amax_out(rows, x2.device)
+def rms_fwd_fp8(x, w, scale, eps: float, zc: bool, fp8_dtype):
+    hidden, rows = x.shape[-1], rows_of(x)
+    y = torch.empty_like(x, dtype=fp8_dtype, memory_format=torch.contiguous_format)
+    rs = x.new_empty(rows, dtype=torch.float32)
+    amax = _amax_out(rows, x.device)
     if rows:
-        kernel("rmsnorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
-            x2, w, _fp8_scale(scale, x2.device), y, rs, amax, eps=eps)
+        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.device)(
+            rows2d(x, hidden), w, _fp8_scale(scale, x.device), rows2d(y, hidden), rs, amax, eps=eps)
     return y, amax
 
 
-def ln_fwd_fp8(x2, w, b, scale, eps: float, zc: bool, fp8_dtype):
-    rows, hidden = x2.shape
-    y = torch.empty((rows, hidden), dtype=fp8_dtype, device=x2.device)
-    mu = torch.empty((rows,), dtype=torch.float32, device=x2.device)
-    rs = torch.empty((rows,), dtype=torch.float32, device=x2.device)
-    amax = _amax_out(rows, x2.device)
+def ln_fwd_fp8(x, w, b, scale, eps: float, zc: bool, fp8_dtype):
+    hidden, rows = x.shape[-1], rows_of(x)
+    y = torch.empty_like(x, dtype=fp8_dtype, memory_format=torch.contiguous_format)
+    mu = x.new_empty(rows, dtype=torch.float32)
+    rs = x.new_empty(rows, dtype=torch.float32)
+    amax = _amax_out(rows, x.device)
     if rows:
-        kernel("layernorm", "fwd", x2.dtype, w.dtype, fp8_dtype, hidden, zc, x2.device)(
-            x2, w, b, _fp8_scale(scale, x2.device), y, mu, rs, amax, eps=eps)
+        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.device)(
+            rows2d(x, hidden), w, b, _fp8_scale(scale, x.device), rows2d(y, hidden), mu, rs, amax, eps=eps)
     return y, amax
 
 
-def rms_bwd(dy2, x2, rs, w, zc: bool):
-    rows, hidden = x2.shape
-    dx = torch.empty_like(x2)
+def rms_bwd(dy, x, rs, w, zc: bool):
+    hidden, rows = x.shape[-1], rows_of(x)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     if not rows:
         # No rows, no kernels: the gradient of an empty sum is zero.
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
-    kernel("rmsnorm", "bwd", x2.dtype, w.dtype, dy2.dtype, hidden, zc, x2.device)(dy2, x2, rs, w, dx, dw)
+    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.device)(
+        rows2d(dy, hidden), rows2d(x, hidden), rs, w, rows2d(dx, hidden), dw)
     return dx, dw
 
 
-def ln_bwd(dy2, x2, mu, rs, w, zc: bool):
-    rows, hidden = x2.shape
-    dx = torch.empty_like(x2)
+def ln_bwd(dy, x, mu, rs, w, zc: bool):
+    hidden, rows = x.shape[-1], rows_of(x)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     if not rows:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
-    kernel("layernorm", "bwd", x2.dtype, w.dtype, dy2.dtype, hidden, zc, x2.device)(
-        dy2, x2, mu, rs, w, dx, dw, db)
+    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.device)(
+        rows2d(dy, hidden), rows2d(x, hidden), mu, rs, w, rows2d(dx, hidden), dw, db)
     return dx, dw, db

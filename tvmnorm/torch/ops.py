@@ -33,54 +33,37 @@ Tensor = torch.Tensor
 # Implementations: checks, the [rows, hidden] view, the host call, the result shaped like x.
 
 def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
-    _host.check_dtypes(op, x, [("weight", w)], out_dtype)
-    hidden = _host.check_x(op, x, [("weight", w)])
-    _host.check_x_aligned(op, x, hidden)
-    y, rs = _host.rms_fwd(x.view(-1, hidden), _host.compact_weight(w, hidden), float(eps), zc, out_dtype)
-    return y.view(x.shape), rs
+    hidden = _host.check_input(op, x, [("weight", w)], out_dtype)
+    return _host.rms_fwd(x, _host.compact_weight(w, hidden), float(eps), zc, out_dtype)
 
 
 def _ln_fwd_impl(x, w, b, eps, zc, out_dtype, op="layer_norm"):
-    _host.check_dtypes(op, x, [("weight", w), ("bias", b)], out_dtype)
-    hidden = _host.check_x(op, x, [("weight", w), ("bias", b)])
-    _host.check_x_aligned(op, x, hidden)
-    y, mu, rs = _host.ln_fwd(x.view(-1, hidden), _host.compact_weight(w, hidden), _host.compact_weight(b, hidden),
-                             float(eps), zc, out_dtype)
-    return y.view(x.shape), mu, rs
+    hidden = _host.check_input(op, x, [("weight", w), ("bias", b)], out_dtype)
+    return _host.ln_fwd(x, _host.compact_weight(w, hidden), _host.compact_weight(b, hidden), float(eps), zc,
+                        out_dtype)
 
 
 def _rms_bwd_impl(dy, x, rs, w, zc):
     hidden = x.shape[-1]
-    dx, dw = _host.rms_bwd(_host.compact_grad(dy, hidden), x.view(-1, hidden), rs,
-                           _host.compact_weight(w, hidden), zc)
-    return dx.view(x.shape), dw
+    return _host.rms_bwd(_host.compact_grad(dy, hidden), x, rs, _host.compact_weight(w, hidden), zc)
 
 
 def _ln_bwd_impl(dy, x, mu, rs, w, zc):
     hidden = x.shape[-1]
-    dx, dw, db = _host.ln_bwd(_host.compact_grad(dy, hidden), x.view(-1, hidden), mu, rs,
-                              _host.compact_weight(w, hidden), zc)
-    return dx.view(x.shape), dw, db
+    return _host.ln_bwd(_host.compact_grad(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc)
 
 
 def _rms_fp8_impl(x, w, scale, eps, zc, fp8_dtype, op="rms_norm_fp8"):
-    _host.check_dtypes(op, x, [("weight", w)], fp8_dtype, fp8=True)
-    hidden = _host.check_x(op, x, [("weight", w)])
+    hidden = _host.check_input(op, x, [("weight", w)], fp8_dtype, fp8=True)
     _check_scale(op, scale, x)
-    _host.check_x_aligned(op, x, hidden)
-    y, amax = _host.rms_fwd_fp8(x.view(-1, hidden), _host.compact_weight(w, hidden), scale, float(eps), zc,
-                                fp8_dtype)
-    return y.view(x.shape), amax
+    return _host.rms_fwd_fp8(x, _host.compact_weight(w, hidden), scale, float(eps), zc, fp8_dtype)
 
 
 def _ln_fp8_impl(x, w, b, scale, eps, zc, fp8_dtype, op="layer_norm_fp8"):
-    _host.check_dtypes(op, x, [("weight", w), ("bias", b)], fp8_dtype, fp8=True)
-    hidden = _host.check_x(op, x, [("weight", w), ("bias", b)])
+    hidden = _host.check_input(op, x, [("weight", w), ("bias", b)], fp8_dtype, fp8=True)
     _check_scale(op, scale, x)
-    _host.check_x_aligned(op, x, hidden)
-    y, amax = _host.ln_fwd_fp8(x.view(-1, hidden), _host.compact_weight(w, hidden),
-                               _host.compact_weight(b, hidden), scale, float(eps), zc, fp8_dtype)
-    return y.view(x.shape), amax
+    return _host.ln_fwd_fp8(x, _host.compact_weight(w, hidden), _host.compact_weight(b, hidden), scale,
+                            float(eps), zc, fp8_dtype)
 
 
 def _check_scale(op, scale, x):
@@ -92,10 +75,6 @@ def _check_scale(op, scale, x):
 
 def hidden_of(x):
     return x.shape[-1] if x.dim() else 1
-
-
-def _rows(x):
-    return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +131,7 @@ def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, zero_centered_gamma: boo
 def _(x, weight, eps, zero_centered_gamma, out_dtype):
     _host.check_dtypes("rms_norm", x, [("weight", weight)], out_dtype)
     _host.check_x("rms_norm", x, [("weight", weight)])
-    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((_rows(x),), dtype=_host.stat_dtype(x.dtype))
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((_host.rows_of(x),), dtype=_host.stat_dtype(x.dtype))
 
 
 @torch.library.custom_op("tvmnorm::rms_norm_bwd", mutates_args=())
@@ -194,8 +173,8 @@ def _(x, weight, bias, eps, zero_centered_gamma, out_dtype):
     _host.check_dtypes("layer_norm", x, [("weight", weight), ("bias", bias)], out_dtype)
     _host.check_x("layer_norm", x, [("weight", weight), ("bias", bias)])
     sd = _host.stat_dtype(x.dtype)
-    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty((_rows(x),), dtype=sd),
-            x.new_empty((_rows(x),), dtype=sd))
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty((_host.rows_of(x),), dtype=sd),
+            x.new_empty((_host.rows_of(x),), dtype=sd))
 
 
 @torch.library.custom_op("tvmnorm::layer_norm_bwd", mutates_args=())
