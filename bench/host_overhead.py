@@ -15,7 +15,8 @@ falls on all of them.
 Modes: ``fwd`` the forward with no autograd (inference); ``train`` the forward with x and the
 weights requiring grad, then the backward of y. Impls: ``tvmnorm`` the public functions
 (tvmnorm.torch.rms_norm / layer_norm), ``tvmnorm_kernel`` the runtime kernel alone on
-preallocated outputs (what is left under the torch layer; fwd only). Rows are the catalog's
+preallocated outputs (what is left under the torch layer; fwd only), ``*_graph`` (tvmnorm_graph,
+torch_eager_graph) the call captured in a CUDA graph and replayed (fwd only). Rows are the catalog's
 decode rows (tokens x heads for QK-norm). Writes host-overhead.json.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from tvmnorm.bench import _made_dir, _version
 from tvmnorm.shapes import DECODE_ROWS, shape_of
 
-IMPLS = ("tvmnorm", "tvmnorm_kernel", "torch_eager", "torch_compile", "liger")
+IMPLS = ("tvmnorm", "tvmnorm_kernel", "torch_eager", "torch_compile", "liger", "tvmnorm_graph", "torch_eager_graph")
 MODES = ("fwd", "train")
 
 
@@ -72,6 +73,10 @@ def norm_fn(impl: str, norm: str, hidden: int):
 
 def make_call(impl: str, mode: str, norm: str, hidden: int, rows: int, device, dtype):
     """A no-argument function doing one call of the case, on fresh random inputs."""
+    if impl.endswith("_graph"):
+        if mode != "fwd" or device.type != "cuda":
+            return None
+        return _graph_replay(make_call(impl[:-len("_graph")], mode, norm, hidden, rows, device, dtype))
     ln = norm == "layernorm"
     x = torch.randn(rows, hidden, device=device, dtype=dtype)
     ws = [torch.randn(hidden, device=device, dtype=dtype) for _ in range(2 if ln else 1)]
@@ -79,7 +84,7 @@ def make_call(impl: str, mode: str, norm: str, hidden: int, rows: int, device, d
         if mode != "fwd":
             return None
         from tvmnorm.torch import _host
-        k = _host.kernel(norm, "fwd", dtype, dtype, dtype, hidden, False, device)
+        k = _host.kernel(norm, "fwd", dtype, dtype, dtype, hidden, False, device.type == "cuda")
         outs = [torch.empty_like(x)] + [torch.empty(rows, device=device) for _ in range(2 if ln else 1)]
         eps = 1e-5 if ln else 1e-6
         return lambda: k(x, *ws, *outs, eps=eps)
@@ -97,6 +102,20 @@ def make_call(impl: str, mode: str, norm: str, hidden: int, rows: int, device, d
     def step():
         f(x, *ws).backward(dy)
     return step
+
+
+def _graph_replay(call):
+    """``call`` captured in a CUDA graph (warmed up on a side stream first): its replay, what a
+    decode loop under CUDA graphs pays a norm."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
 
 
 def time_rounds(calls: dict, device, n: int, rounds: int) -> dict:

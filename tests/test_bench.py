@@ -379,3 +379,24 @@ def test_readme_targets_count_the_issue_targets(bench_script):
     assert tables.targets(records).splitlines()[1] == (
         "rmsnorm_bwd decode: <= best peer 2 of 3 (behind: 1024 x 8 (7.0 vs torch_eager 6.0 us)); "
         "not measured with the committed record: 1024 x 256")
+
+
+def test_host_overhead_times_the_ops_and_their_peers(bench_script, tmp_path, monkeypatch):
+    """bench/host_overhead.py on the CPU: each impl that runs here gets host and wall us a call
+    (wall >= host: it also waits for the device), the train mode runs forward and backward, and
+    what cannot run here (Liger, CUDA graphs) is recorded as skipped or left out, not timed."""
+    import json
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
+    ho = bench_script("host_overhead")
+    path = ho.main(["--out", str(tmp_path), "--device", "cpu", "--dtype", "fp32", "--hidden", "64",
+                    "--tokens", "1,8", "--norms", "rmsnorm,layernorm", "--calls", "3", "--rounds", "2",
+                    "--impls", "tvmnorm,tvmnorm_kernel,torch_eager,liger,tvmnorm_graph"])
+    records = json.loads(path.read_text())["records"]
+    timed = {(r["op"], r["rows"], r["impl"]) for r in records if "host_us" in r}
+    for op in ("rmsnorm_fwd", "layernorm_fwd", "rmsnorm_train", "layernorm_train"):
+        for rows in (1, 8):
+            assert {(op, rows, "tvmnorm"), (op, rows, "torch_eager")} <= timed
+            assert ((op, rows, "tvmnorm_kernel") in timed) == op.endswith("fwd")
+    assert all(0 < r["host_us"] <= r["wall_us"] for r in records if "host_us" in r)
+    assert not any(r["impl"] in ("liger", "tvmnorm_graph") for r in records if "host_us" in r)
+    assert all(r["skipped"] == "Liger is GPU-only" for r in records if r["impl"] == "liger")

@@ -107,8 +107,10 @@ def run(norm, x, w, b, eps, **kw):
     return tn.layer_norm(x, w, b, eps, **kw)
 
 
-def check_fwd_bwd(norm, x, w, b, eps, gen, zc=False, out_dtype=None):
-    y = run(norm, x, w, b, eps, zero_centered_gamma=zc, out_dtype=out_dtype)
+def check_fwd_bwd(norm, x, w, b, eps, gen, zc=False, out_dtype=None, fn=None):
+    """The op (or ``fn``: x -> y, with w and b its weights) against float64: y, and the
+    gradients of x and the weights for a random dy."""
+    y = fn(x) if fn else run(norm, x, w, b, eps, zero_centered_gamma=zc, out_dtype=out_dtype)
     assert y.shape == x.shape and y.dtype == (out_dtype or x.dtype)
     xr, wr, br, yr = reference(norm, x, w, b, eps, zc)
     assert_close("y", y, yr)
@@ -662,8 +664,8 @@ def test_fallback_warning_once_and_silenced(gen):
 def test_kernel_lookup_is_cached():
     x, w = torch.randn(2, 128), torch.randn(128)
     tn.rms_norm(x, w)
-    k = _host.kernel("rmsnorm", "fwd", torch.float32, torch.float32, torch.float32, 128, False, x.device)
-    assert k is _host.kernel("rmsnorm", "fwd", torch.float32, torch.float32, torch.float32, 128, False, x.device)
+    k = _host.kernel("rmsnorm", "fwd", torch.float32, torch.float32, torch.float32, 128, False, x.is_cuda)
+    assert k is _host.kernel("rmsnorm", "fwd", torch.float32, torch.float32, torch.float32, 128, False, x.is_cuda)
     assert k.kind == "llvm" and k.key.hidden_size == 128 and k.key.ctype == "fp32"
 
 

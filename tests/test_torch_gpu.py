@@ -211,5 +211,68 @@ def test_patch_norms_cuda(gen):
         tn.patch_norms(model)
         got = model(x)
     assert type(model.final) is tn.LayerNorm and model.final.weight.device.type == "cuda"
-    assert all(k.kind == "cuda" for t, k in _host._KERNELS.items() if t[-1] == "cuda")
+    assert all(k.kind == "cuda" for t, k in _host._KERNELS.items() if t[-1])
     assert_close("patched model", got, want.double(), torch.bfloat16, rtol=2 ** -6, atol=2e-2)
+
+
+def _captured(fn, *static):
+    """fn(*static) captured in a CUDA graph (after a warm-up call on a side stream, which loads
+    every kernel the call launches): (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+    return graph, out
+
+
+# A decode loop without CUDA graphs pays each call's host time (bench/host_overhead.py): the
+# ops must capture and replay, each replay computing on the data in the captured buffers.
+@pytest.mark.parametrize("op", ("rms_norm", "layer_norm", "rms_norm_fp8"))
+@pytest.mark.parametrize("shape", [(1, 32, 128), (8, 4096), (3, 1000)], ids=["qk32x128", "8x4096", "3x1000"])
+def test_ops_replay_in_a_cuda_graph(op, shape, gen):
+    hidden = shape[-1]
+    x = rand(gen, shape, torch.bfloat16, offset=1.0, device=DEV)
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(DEV, torch.bfloat16)
+    b = (0.5 * torch.randn(hidden, generator=gen)).to(DEV, torch.bfloat16)
+    scale = torch.tensor([2.0], device=DEV)
+    fns = {"rms_norm": lambda x: tn.rms_norm(x, w, 1e-6),
+           "layer_norm": lambda x: tn.layer_norm(x, w, b, 1e-5),
+           "rms_norm_fp8": lambda x: tn.rms_norm_fp8(x, w, scale, 1e-6)}
+    graph, out = _captured(fns[op], x)
+    for i in range(3):
+        x.copy_(rand(gen, shape, torch.bfloat16, offset=1.0, device=DEV))
+        for t in (out if isinstance(out, tuple) else (out,)):  # poisoned: NaN (0x7f is e4m3's)
+            (t.view(torch.uint8).fill_(0x7F) if t.element_size() == 1 else t.fill_(float("nan")))
+        graph.replay()
+        torch.cuda.synchronize()
+        if op == "rms_norm_fp8":
+            q, amax_ref = fp8_reference("rmsnorm", x, w, None, 2.0, torch.float8_e4m3fn, 1e-6)
+            assert_close(f"replay {i} amax", out[1], amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+            assert_close(f"replay {i} y_fp8", out[0].double(), q.double(), torch.float32, rtol=2.0 ** -3, atol=0.02)
+        else:
+            want = (F.rms_norm(x.double(), (hidden,), w.double(), 1e-6) if op == "rms_norm"
+                    else F.layer_norm(x.double(), (hidden,), w.double(), b.double(), 1e-5))
+            assert_close(f"replay {i} y", out, want)
+
+
+@pytest.mark.parametrize("kind", ("RMSNorm", "LayerNorm"))
+def test_modules_train_in_graphed_callables(kind, gen):
+    """torch.cuda.make_graphed_callables over a tvmnorm module: forward and backward each replay
+    a captured graph (the backward's partial sums from the graph's pool); y and the gradients of
+    x and the weights right against float64 on fresh data at each of three steps."""
+    hidden, shape, eps = 1024, (4, 16, 1024), 1e-5
+    m = getattr(tn, kind)(hidden, eps=eps, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        m.weight.copy_(1 + 0.5 * torch.randn(hidden, generator=gen))
+        if kind == "LayerNorm":
+            m.bias.copy_(0.5 * torch.randn(hidden, generator=gen))
+    graphed = torch.cuda.make_graphed_callables(
+        m, (rand(gen, shape, torch.bfloat16, offset=1.0, requires_grad=True, device=DEV),))
+    norm, b = ("rmsnorm", None) if kind == "RMSNorm" else ("layernorm", m.bias)
+    for _ in range(3):
+        x = rand(gen, shape, torch.bfloat16, offset=1.0, requires_grad=True, device=DEV)
+        check_fwd_bwd(norm, x, m.weight, b, eps, gen, fn=graphed)

@@ -39,15 +39,16 @@ HALF = (torch.float32, torch.float16, torch.bfloat16)
 _KERNELS: dict = {}
 
 
-def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, device: torch.device):
-    tag = (norm, stage, xdt, wdt, odt, hidden, zc, device.type)
+def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, cuda: bool):
+    """The kernel of a config, for CUDA tensors (``cuda``: the tensors' is_cuda) or CPU ones."""
+    tag = (norm, stage, xdt, wdt, odt, hidden, zc, cuda)
     k = _KERNELS.get(tag)
     if k is None:
         ctype = "fp64" if xdt == torch.float64 else "fp32"
         otype = _FLOAT.get(odt) or _FP8[odt]
         key = NormKey(norm=norm, stage=stage, itype=_FLOAT[xdt], wtype=_FLOAT[wdt], otype=otype,
                       ctype=ctype, hidden_size=hidden, zero_centered_gamma=zc)
-        k = _KERNELS[tag] = get_kernel(key, "cuda" if device.type == "cuda" else "llvm")
+        k = _KERNELS[tag] = get_kernel(key, "cuda" if cuda else "llvm")
     return k
 
 
@@ -93,15 +94,16 @@ def check_x(op: str, x, weights) -> int:
     if not 1 <= hidden <= MAX_HIDDEN:
         raise ValueError(f"{op}: the normalized (last) dimension of x has size {hidden}; supported sizes "
                          f"are 1 .. {MAX_HIDDEN}")
-    if not (x.is_cuda or x.is_cpu):
+    cuda = x.is_cuda
+    if not (cuda or x.is_cpu):
         raise ValueError(f"{op}: x is on {x.device}; tvmnorm runs on cpu and cuda tensors")
-    device = x.device
+    index = x.get_device()  # -1 on the CPU; with is_cuda/is_cpu it names the device without a torch.device
     for name, w in weights:
         if w.shape != (hidden,):
             raise ValueError(f"{op}: {name} must have shape [{hidden}] (the last dimension of x), "
                              f"got {list(w.shape)}")
-        if w.device != device:
-            raise ValueError(f"{op}: x is on {device} but {name} is on {w.device}")
+        if (w.is_cuda if cuda else w.is_cpu) is not True or w.get_device() != index:
+            raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
     if not x.is_contiguous():
         # Row-contiguous == contiguous here: [.., hidden] viewed as [rows, hidden] with strides
         # (hidden, 1). Say which of the two ways it fails, the padded-row one being the common
@@ -132,7 +134,7 @@ def _alignment(hidden: int, elem_bytes: int) -> int:
 
 
 def aligned(t: torch.Tensor, hidden: int) -> bool:
-    return t.device.type != "cuda" or t.data_ptr() % _alignment(hidden, t.element_size()) == 0
+    return not t.is_cuda or t.data_ptr() % _alignment(hidden, t.element_size()) == 0
 
 
 def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
@@ -145,9 +147,9 @@ def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
 
 def compact_weight(w: torch.Tensor, hidden: int) -> torch.Tensor:
     """gamma/beta are one row: copy when strided or misaligned, which is cheap."""
-    if not w.is_contiguous() or not aligned(w, hidden):
-        w = w.clone(memory_format=torch.contiguous_format)
-    return w
+    if w.is_contiguous() and aligned(w, hidden):
+        return w
+    return w.clone(memory_format=torch.contiguous_format)
 
 
 def compact_grad(dy: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -185,6 +187,8 @@ def rows2d(t, hidden: int):
 
 
 def rows_of(x) -> int:
+    if x.dim() == 2:
+        return x.shape[0]
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
@@ -192,7 +196,7 @@ def rms_fwd(x, w, eps: float, zc: bool, out_dtype):
     hidden = x.shape[-1]
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     rs = x.new_empty(rows_of(x), dtype=stat_dtype(x.dtype))
-    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.device)(
+    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda)(
         rows2d(x, hidden), w, rows2d(y, hidden), rs, eps=eps)
     return y, rs
 
@@ -201,7 +205,7 @@ def ln_fwd(x, w, b, eps: float, zc: bool, out_dtype):
     hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     mu, rs = x.new_empty(rows, dtype=sd), x.new_empty(rows, dtype=sd)
-    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.device)(
+    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda)(
         rows2d(x, hidden), w, b, rows2d(y, hidden), mu, rs, eps=eps)
     return y, mu, rs
 
@@ -223,7 +227,7 @@ def rms_fwd_fp8(x, w, scale, eps: float, zc: bool, fp8_dtype):
     rs = x.new_empty(rows, dtype=torch.float32)
     amax = _amax_out(rows, x.device)
     if rows:
-        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.device)(
+        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda)(
             rows2d(x, hidden), w, _fp8_scale(scale, x.device), rows2d(y, hidden), rs, amax, eps=eps)
     return y, amax
 
@@ -235,7 +239,7 @@ def ln_fwd_fp8(x, w, b, scale, eps: float, zc: bool, fp8_dtype):
     rs = x.new_empty(rows, dtype=torch.float32)
     amax = _amax_out(rows, x.device)
     if rows:
-        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.device)(
+        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda)(
             rows2d(x, hidden), w, b, _fp8_scale(scale, x.device), rows2d(y, hidden), mu, rs, amax, eps=eps)
     return y, amax
 
@@ -247,7 +251,7 @@ def rms_bwd(dy, x, rs, w, zc: bool):
         # No rows, no kernels: the gradient of an empty sum is zero.
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
-    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.device)(
+    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda)(
         rows2d(dy, hidden), rows2d(x, hidden), rs, w, rows2d(dx, hidden), dw)
     return dx, dw
 
@@ -258,6 +262,6 @@ def ln_bwd(dy, x, mu, rs, w, zc: bool):
     if not rows:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
-    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.device)(
+    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda)(
         rows2d(dy, hidden), rows2d(x, hidden), mu, rs, w, rows2d(dx, hidden), dw, db)
     return dx, dw, db
