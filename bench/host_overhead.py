@@ -42,11 +42,12 @@ def _sync(device):
 
 
 def _liger(norm):
+    # the same calls as bench.py's liger impl: offset 0, Llama casting, not in place
     if norm == "layernorm":
-        from liger_kernel.ops.layer_norm import LigerLayerNormFunction as LF
-        return lambda x, w, b, eps: LF.apply(x, w, b, eps)
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction as LF
-    return lambda x, w, eps: LF.apply(x, w, eps, 0.0, "llama", False)
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        return lambda x, w, b, eps: LigerLayerNormFunction.apply(x, w, b, eps)
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    return lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
 
 
 def norm_fn(impl: str, norm: str, hidden: int):
