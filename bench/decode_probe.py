@@ -1,0 +1,111 @@
+"""The decode forward's kernel shape on the GPU: the small-call kernel a library serves decode rows
+with (build.small_call_funcs: the default rule's, int32 rows) against other kept-row points of
+the forward's space at decode rows, and torch eager, each checked against float64 on fresh
+random data (outputs poisoned with NaN first) and timed with triton's do_bench (L2 flushed),
+rounds in turn, each point at its fastest round.
+
+    python bench/decode_probe.py --out $OUT [--hidden 128,512] [--norms rmsnorm,layernorm] [--rounds 3]
+
+Points: threads a row x rows a block x vector width (16 or 8 bytes), the row kept in registers
+with at most 8 vectors a thread and no idle thread, rows of several warps also with their
+weights loaded with x (+ew). A decode call is a few us of launch and DRAM latency (bench.py's
+decode cells): which block shape gets its rows' few bytes through fastest is what this asks.
+Writes decode-probe.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import torch
+
+from tvmnorm import NormKey
+from tvmnorm.bench import Timer, copy_roofline, probe_meta, probe_parser
+from tvmnorm.key import DTYPE_BYTES
+from tvmnorm.reference import fwd as reference_fwd
+from tvmnorm.runtime import variant_kernel
+from tvmnorm.sched.default import fwd_cuda_heuristic
+from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, ROWS, THREADS
+from tvmnorm.shapes import shape_of
+
+
+def points(hidden: int, elem_bytes: int = 2) -> dict:
+    """name -> CudaRowConfig: the served rule's point ("served") and the kept-row sweep."""
+    base = fwd_cuda_heuristic(hidden, elem_bytes)
+    out = {"served": base}
+    for vec in (16 // elem_bytes, 8 // elem_bytes):
+        if hidden % vec:
+            continue
+        for threads in THREADS:
+            per_thread = -(-hidden // (threads * vec))
+            if threads * vec > hidden or per_thread > 8:
+                continue
+            for rows in ROWS:
+                if threads * rows > 1024:
+                    continue
+                cfg = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=False,
+                                          early_weights=False, warp_sums=False, full_chunks=0)
+                out[f"{threads}x{rows}v{vec}"] = cfg
+                if threads >= EARLY_WEIGHTS_THREADS:
+                    out[f"{threads}x{rows}v{vec}+ew"] = dataclasses.replace(cfg, early_weights=True)
+    return out
+
+
+def main():
+    ap = probe_parser()
+    ap.set_defaults(hidden="128,512")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    # shorter than probe_timer's 25/100 ms: ~50 points a case, and a decode call is ~5 us
+    timer = Timer("cuda", warmup_ms=10, rep_ms=40)
+    ceiling = copy_roofline("cuda", timer)["copy_gbps"]
+    print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
+    F = torch.nn.functional
+    results = []
+    for norm in args.norms.split(","):
+        for h in (int(v) for v in args.hidden.split(",")):
+            key = NormKey(norm=norm, hidden_size=h)
+            ln = norm == "layernorm"
+            eps = 1e-5 if ln else 1e-6
+            kernels, failed = {}, {}
+            for name, cfg in points(h, DTYPE_BYTES[key.itype]).items():
+                try:
+                    kernels[name] = variant_kernel(key, "cuda", cfg, row_bits=32)
+                except Exception as e:  # a point the schedule refuses is recorded, not fatal
+                    failed[name] = f"{type(e).__name__}: {e}"[:200]
+            for rows in shape_of(h).decode_rows:
+                x = torch.randn(rows, h, device="cuda").bfloat16()
+                gamma = (torch.rand(h, device="cuda") + 0.5).bfloat16()
+                beta = [torch.randn(h, device="cuda").bfloat16()] if ln else []
+                ref = torch.from_numpy(reference_fwd(norm, x.cpu(), gamma.cpu(), *[b.cpu() for b in beta])["y"]).cuda()
+                y = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
+                stats = [torch.empty(rows, device="cuda") for _ in range(2 if ln else 1)]
+                calls, errors = {}, {}
+                for name, k in kernels.items():
+                    y.fill_(float("nan"))
+                    k(x, gamma, *beta, y, *stats, eps=eps)
+                    torch.cuda.synchronize()
+                    err = float(((y.double() - ref.double()).abs() / (ref.double().abs() + 1e-2)).max())
+                    errors[name] = err
+                    if err < 2 ** -6:  # bf16 output: a wrong point is reported, never timed
+                        calls[name] = (lambda k=k: k(x, gamma, *beta, y, *stats, eps=eps))
+                calls["torch_eager"] = ((lambda: F.layer_norm(x, (h,), gamma, beta[0], eps)) if ln
+                                        else (lambda: F.rms_norm(x, (h,), gamma, eps)))
+                best = {}
+                for _ in range(args.rounds):
+                    for name, c in calls.items():
+                        us = timer([c])[0]
+                        best[name] = min(best.get(name, us), us)
+                ranked = sorted(best.items(), key=lambda kv: kv[1])
+                results.append({"norm": norm, "hidden": h, "rows": rows, "us": best, "rel_err": errors,
+                                "failed": failed})
+                print(f"{norm:9s} H={h:5d} rows={rows:5d} served {best.get('served', float('nan')):.2f} "
+                      f"eager {best['torch_eager']:.2f} | " + "  ".join(f"{n} {u:.2f}" for n, u in ranked[:8]),
+                      flush=True)
+    meta = probe_meta(ceiling)
+    pathlib.Path(args.out, "decode-probe.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
