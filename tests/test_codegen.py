@@ -505,6 +505,34 @@ def test_early_weights_load_before_the_row_sums(norm, otype, hidden, threads, ro
             assert copy.index("x_ptr +") < barrier
 
 
+@pytest.mark.parametrize("hidden,elem_bytes,small", [
+    (128, 2, (16, 8)), (64, 2, (8, 16)), (128, 4, (32, 4)),  # rows that share a block: one vector a thread
+    (96, 2, None),  # twice the threads would idle (16 x 8 elements > 96): the rule's
+    (512, 2, None), (7168, 2, None), (1000, 2, None)])  # a row a block already: the rule's
+def test_small_call_rule_takes_one_vector_a_thread_where_rows_share_a_block(hidden, elem_bytes, small):
+    """sched.default.small_call_cuda_heuristic: the forward rule's kept row, with twice the
+    threads a row and half the rows a block where rows share a block and no thread would idle;
+    elsewhere the rule's own. A default key gets a small-call kernel only where they differ
+    (build.has_own_small_call), and it compiles to blocks of that shape."""
+    from tvmnorm.build import has_own_small_call, key_funcs
+    from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
+    rule, got = fwd_cuda_heuristic(hidden, elem_bytes), small_call_cuda_heuristic(hidden, elem_bytes)
+    if small is None:
+        assert got == rule
+    else:
+        assert (got.threads, got.rows) == small and got.vec == rule.vec and got.keep_row
+        assert got.threads == 2 * rule.threads and got.threads * got.rows == rule.threads * rule.rows
+    dt = {2: "bf16", 4: "fp32"}[elem_bytes]
+    key = NormKey(itype=dt, wtype=dt, otype=dt, hidden_size=hidden)
+    assert has_own_small_call(key, "cuda") == (small is not None)
+    assert not has_own_small_call(key, "llvm") and not has_own_small_call(dataclasses.replace(key, stage="bwd"), "cuda")
+    symbols = key_funcs(key, "cuda")
+    assert (f"{key.name}_small_fwd" in symbols) == (small is not None)
+    if small is not None:
+        src = kernel(generated_cuda({f"{key.name}_small_fwd": symbols[f"{key.name}_small_fwd"]}), "small_fwd")
+        assert f"threadIdx.x) * {got.vec}" in src and f"blockIdx.x) * {got.rows})" in src
+
+
 def test_early_weights_are_a_kept_forward_schedule():
     from tvmnorm.build import scheduled_funcs
     from tvmnorm.sched.rows import CudaRowConfig
@@ -834,7 +862,8 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
 
 
 @pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),
-                                 NormKey(hidden_size=7168), NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096)],
+                                 NormKey(hidden_size=7168), NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=4096),
+                                 NormKey(hidden_size=128)],
                          ids=lambda k: k.name)
 @pytest.mark.parametrize("tuned", [False, True], ids=["default", "record"])
 def test_library_row_kernels_come_in_both_index_widths(key, tuned):
@@ -843,7 +872,7 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
     NarrowDataType (the kernel the tuner measured), and with int64 under <key>_<part>, for calls
     past int32 offsets. A committed record replays on both; a tuned forward's small-call kernel
     and a backward's dx at shorter chunks and its decode backward are int32 too."""
-    from tvmnorm.build import decode_parts, key_funcs
+    from tvmnorm.build import decode_parts, has_own_small_call, key_funcs
     from tvmnorm.tune import load_records
     record = load_records("cuda").get(key.pack()) if tuned else None
     if tuned:
@@ -860,7 +889,7 @@ def test_library_row_kernels_come_in_both_index_widths(key, tuned):
         return re.search(r"\bint64_t\b", text)
     assert not wide(body(f"{key.name}_narrow_{part}"))
     assert wide(body(f"{key.name}_{part}"))
-    if tuned and key.stage == "fwd":
+    if key.stage == "fwd" and (tuned or has_own_small_call(key, "cuda")):
         assert not wide(body(f"{key.name}_small_fwd"))
     else:
         assert f"{key.name}_small_fwd" not in src

@@ -586,6 +586,26 @@ def test_cuda_library_serves_small_calls_with_the_default_kernel(small_call_libr
         run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("otype", ("bf16", "fp32", "fp8e4m3"))
+@pytest.mark.parametrize("norm", NORMS)
+def test_cuda_default_key_serves_small_calls_with_its_own_kernel(cuda_kernels, norm, otype, rng, seed):
+    """A key without a record whose small-call rule differs from its forward's (QK-norm's hidden
+    128: one vector a thread, sched.default.small_call_cuda_heuristic) holds a small-call kernel
+    of its own: calls of at most SMALL_CALL_BYTES of x run it, larger ones the int32 forward,
+    both right against float64 on either side of the bound (fp8 output with its amax)."""
+    from tvmnorm.build import has_own_small_call
+    from tvmnorm.key import DTYPE_BYTES
+    from tvmnorm.runtime import SMALL_CALL_BYTES
+    itype = "fp32" if otype == "fp32" else "bf16"
+    key = NormKey(norm=norm, itype=itype, wtype=itype, otype=otype, hidden_size=128)
+    kernel = cuda_kernels(key)
+    assert has_own_small_call(key, "cuda") and not kernel.tuned
+    bound = SMALL_CALL_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype])
+    assert kernel.forward_for(bound) is kernel._small["fwd"] and kernel.forward_for(bound + 1) is kernel._narrow["fwd"]
+    for rows in (1, 32, 255, bound, bound + 1):
+        run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("stage", ["fwd", "bwd"])
 def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
     """A call of more than 2^31 elements per tensor (rmsnorm at hidden 4096, 2^19 + 3 rows: 4.3 GB

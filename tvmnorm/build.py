@@ -129,16 +129,17 @@ def small_call_symbol(key: NormKey) -> str:
 
 def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
     """Every kernel a library (or the default-kernel cache) holds for a key: its parts, the
-    int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward the
-    small-call kernel (small_call_funcs), and for a CUDA backward its dx at shorter chunks
-    (small_dx_funcs) and its decode backward (decode_funcs)."""
+    int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward (and one
+    whose small-call rule differs, has_own_small_call) the small-call kernel
+    (small_call_funcs), and for a CUDA backward its dx at shorter chunks (small_dx_funcs) and
+    its decode backward (decode_funcs)."""
     funcs = scheduled_funcs(key, kind, record)
     if kind == "cuda":
         funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
                                      prefix=narrow_prefix(key)))
         funcs.update(small_dx_funcs(key, kind))
         funcs.update(decode_funcs(key, kind))
-    if record and key.stage == "fwd":
+    if key.stage == "fwd" and (record or has_own_small_call(key, kind)):
         funcs.update(small_call_funcs(key, kind))
     return funcs
 
@@ -210,13 +211,25 @@ def small_dx_funcs(key: NormKey, kind: str) -> dict:
 
 
 def small_call_funcs(key: NormKey, kind: str) -> dict:
-    """The default schedule's forward kernel of a tuned key, under the symbol
-    ``<key>_small_fwd``: the library serves calls of at most runtime.SMALL_CALL_BYTES of x
-    with it (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). Such a call
-    always fits int32 offsets, so on CUDA it has an int32 row count."""
-    funcs = scheduled_funcs(key, kind, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
+    """The small-call forward kernel of a key, under the symbol ``<key>_small_fwd``: a library
+    (and the default-kernel cache) serves calls of at most runtime.SMALL_CALL_BYTES of x with it
+    (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). The default rule's
+    schedule, on CUDA sched.default.small_call_cuda_heuristic's. Such a call always fits int32
+    offsets, so on CUDA it has an int32 row count."""
+    from .sched.default import small_call_cuda_heuristic
+    cfg = small_call_cuda_heuristic(key.hidden_size, DTYPE_BYTES[key.itype]) if kind == "cuda" else None
+    funcs = scheduled_funcs(key, kind, row_config=cfg, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
                             prefix=small_call_prefix(key))
     return {small_call_symbol(key): funcs[small_call_symbol(key)]}
+
+
+def has_own_small_call(key: NormKey, kind: str) -> bool:
+    """Whether a forward key without a record gets a small-call kernel of its own: where the
+    small-call rule differs from the default rule's forward (on CUDA, rows that share a block);
+    elsewhere its forward serves small calls too."""
+    from .sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
+    h, b = key.hidden_size, DTYPE_BYTES[key.itype]
+    return kind == "cuda" and key.stage == "fwd" and small_call_cuda_heuristic(h, b) != fwd_cuda_heuristic(h, b)
 
 
 def record_fingerprint(record: dict | None) -> str | None:

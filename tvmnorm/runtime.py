@@ -103,9 +103,11 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
 
 
 # A tuned library serves forward calls of at most this many bytes of x (decode: 1-256 tokens,
-# up to 4 MiB at hidden 8192 in bf16; QK-norm's 8192 rows of 128, 2 MiB) with the default
-# schedule's kernel, which it holds beside the tuned one (build.small_call_funcs); the smallest
-# training call of the catalog is 16 MiB. Records are tuned at training rows, and at decode rows
+# up to 4 MiB at hidden 8192 in bf16; QK-norm's 8192 rows of 128, 2 MiB) with the small-call
+# kernel, the default rule's (sched.default.small_call_cuda_heuristic: one vector a thread where
+# rows share a block), which it holds beside the tuned one (build.small_call_funcs; a default key
+# holds one where it differs from its forward); the smallest training call of the catalog is
+# 16 MiB. Records are tuned at training rows, and at decode rows
 # the default, which keeps its row in registers with at most 8 vectors a thread, was the faster
 # of the two: on the H200 (bench/results/h200-tuned.json, eighth lease, 60 decode cells with
 # both) 3.5% faster on average, >2% faster in 35, >2% slower in 7 (at most 0.4 us), and never
@@ -117,8 +119,9 @@ SMALL_CALL_BYTES = 4 << 20
 
 
 def is_small_call(key: NormKey, rows: int) -> bool:
-    """Whether a library serves a call of ``rows`` rows of ``key`` with the small-call kernel
-    (forward keys with a tuned record; at most SMALL_CALL_BYTES of x)."""
+    """Whether a call of ``rows`` rows of ``key`` is a small call: a forward of at most
+    SMALL_CALL_BYTES of x, which the small-call kernel serves where the key has one (a tuned
+    record, or build.has_own_small_call)."""
     return key.stage == "fwd" and rows * key.hidden_size * DTYPE_BYTES[key.itype] <= SMALL_CALL_BYTES
 
 

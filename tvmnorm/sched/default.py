@@ -80,6 +80,25 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
                          keep_y=True)
 
 
+def small_call_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
+    """The forward of a small call (runtime.is_small_call: decode rows, at most a few MiB of x):
+    fwd_cuda_heuristic's, except that rows narrower than 128 vectors, which share a block, take
+    one 16-byte vector a thread instead of two (twice the threads a row, half the rows a block;
+    not where threads would idle). A small call is launch and DRAM latency, not bandwidth, and a
+    thread's second vector lengthens the chain its row waits on. Measured on the H200 (bf16,
+    hidden 128, QK-norm's 32-8192 rows; bench/results/h200-run41/decode-probe.json, every kept
+    block shape, best of three rounds): 16 threads x 8 rows took 4.48-5.76 us (rmsnorm) and
+    4.70-6.02 (layernorm) against 4.86-5.98 and 4.99-6.27 for the rule's 8 x 16 (its better of
+    two copies timed), faster at all 8 cells by 0.16-0.39 us, and ahead of torch eager at each
+    (4.93-10.11, 5.63-13.95). At hidden 512 the rule's one vector a thread was the fastest or
+    level up to 64 rows. Other points won single cells by less than two copies of one kernel
+    differed (up to 0.5 us), so the rule stays one kernel a key."""
+    cfg = fwd_cuda_heuristic(hidden, elem_bytes)
+    if not cfg.keep_row or cfg.rows == 1 or 2 * cfg.threads * cfg.vec > hidden:
+        return cfg
+    return dataclasses.replace(cfg, threads=2 * cfg.threads, rows=max(1, cfg.rows // 2))
+
+
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     """The decode backward's dx (compute.norms.dx without partials: a row kernel) as the
     forward: its rows of dy and x kept in registers, fwd_cuda_heuristic's threads and vectors,
