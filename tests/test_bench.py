@@ -6,7 +6,9 @@ import argparse
 import copy
 import csv
 import json
+import os
 import pathlib
+import re
 
 import pytest
 
@@ -400,3 +402,28 @@ def test_host_overhead_times_the_ops_and_their_peers(bench_script, tmp_path, mon
     assert all(0 < r["host_us"] <= r["wall_us"] for r in records if "host_us" in r)
     assert not any(r["impl"] in ("liger", "tvmnorm_graph") for r in records if "host_us" in r)
     assert all(r["skipped"] == "Liger is GPU-only" for r in records if r["impl"] == "liger")
+
+
+def test_lease_env_prepares_and_packs_a_device_call(tmp_path):
+    """bench/lease_env.sh, which a device call's script sources first: it runs the tree's
+    .device/b/activate.sh, makes $X under $OUT, stamps `el` lines, writes the device line and
+    the kernel sources' hash there, and packs $X into $OUT/x.tgz when the script exits (here with
+    a stand-in activate.sh that puts this checkout on the path)."""
+    import subprocess
+    import sys
+    import tarfile
+    from tvmnorm.build import source_hash
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    (tree / ".device" / "b").mkdir(parents=True)
+    (tree / ".device" / "b" / "activate.sh").write_text(
+        f'export PYTHONPATH={repo}\nexport PATH={pathlib.Path(sys.executable).parent}:$PATH\n')
+    script = f'source {repo}/bench/lease_env.sh || exit 1\necho 42 > "$X/answer.txt"\nel "done"\n'
+    r = subprocess.run(["bash", "-c", script], cwd=tree, env={**os.environ, "OUT": str(out)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"\[\d+ s\] done\n", r.stdout)
+    with tarfile.open(out / "x.tgz") as t:
+        files = {m.name: t.extractfile(m).read().decode() for m in t.getmembers() if m.isfile()}
+    assert files["x/answer.txt"] == "42\n" and files["x/source-hash.txt"].strip() == source_hash()
+    assert "torch" in files["x/device.txt"] and "cpus" in files["x/device.txt"]
