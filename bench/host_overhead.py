@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from tvmnorm.bench import _made_dir, _version
+from tvmnorm.bench import _made_dir, _version, eager_norm, liger_norm
 from tvmnorm.shapes import DECODE_ROWS, shape_of
 
 IMPLS = ("tvmnorm", "tvmnorm_kernel", "torch_eager", "torch_compile", "liger", "tvmnorm_graph", "torch_eager_graph")
@@ -41,34 +41,21 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _liger(norm):
-    # the same calls as bench.py's liger impl: offset 0, Llama casting, not in place
-    if norm == "layernorm":
-        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
-        return lambda x, w, b, eps: LigerLayerNormFunction.apply(x, w, b, eps)
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    return lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
-
-
 def norm_fn(impl: str, norm: str, hidden: int):
-    """(x, w[, b]) -> y for one impl; None where it has no such norm here."""
+    """(x, w[, b]) -> y for one impl."""
     import tvmnorm.torch as tn
-    F = torch.nn.functional
     ln = norm == "layernorm"
     eps = 1e-5 if ln else 1e-6
     if impl == "tvmnorm":
         return (lambda x, w, b: tn.layer_norm(x, w, b, eps)) if ln else (lambda x, w: tn.rms_norm(x, w, eps))
-    eager = ((lambda x, w, b: F.layer_norm(x, (hidden,), w, b, eps)) if ln
-             else (lambda x, w: F.rms_norm(x, (hidden,), w, eps)))
     if impl == "torch_eager":
-        return eager
+        return eager_norm(ln, hidden, eps)
     if impl == "torch_compile":
         from torch import _dynamo
         _dynamo.reset()  # one compile per shape, as bench.py's torch_compile
-        return torch.compile(eager, dynamic=False)
-    if impl == "liger":
-        f = _liger(norm)
-        return (lambda x, w, b: f(x, w, b, eps)) if ln else (lambda x, w: f(x, w, eps))
+        return torch.compile(eager_norm(ln, hidden, eps), dynamic=False)
+    if impl == "liger":  # the same calls as bench.py's liger impl
+        return liger_norm(ln, eps)
     raise ValueError(impl)
 
 

@@ -337,16 +337,29 @@ def build_tvmnorm_default(ctx, case, sets):
     return _tvm_prepared(kernel, case, sets, ctx.device)
 
 
+def eager_norm(ln: bool, hidden: int, eps: float):
+    """torch's own norm as (x, gamma[, beta]) -> y (bench/host_overhead.py times it too)."""
+    F = _torch().nn.functional
+    if ln:
+        return lambda x, g, b: F.layer_norm(x, (hidden,), g, b, eps)
+    return lambda x, g: F.rms_norm(x, (hidden,), g, eps)
+
+
+def liger_norm(ln: bool, eps: float):
+    """Liger's norm as (x, gamma[, beta]) -> y; ImportError without liger_kernel."""
+    if ln:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        return lambda x, g, b: LigerLayerNormFunction.apply(x, g, b, eps)
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    # offset 0, Llama casting (Liger's default), and not in place: in-place backward would
+    # overwrite dy with dx, so every later call would see different data
+    return lambda x, g: LigerRMSNormFunction.apply(x, g, eps, 0.0, "llama", False)
+
+
 def _torch_fn(case: Case):
     """The eager function of (x, gamma[, beta]) -> outputs; for fp8, the unfused recipe
     (norm, amax of y, scale, saturate, cast) that a torch user writes."""
-    torch = _torch()
-    F = torch.nn.functional
-    H, eps = case.hidden, case.eps
-    if case.ln:
-        norm = lambda x, g, b: F.layer_norm(x, (H,), g, b, eps)  # noqa: E731
-    else:
-        norm = lambda x, g: F.rms_norm(x, (H,), g, eps)  # noqa: E731
+    norm = eager_norm(case.ln, case.hidden, case.eps)
     if not case.fp8:
         return norm
     fdt, m = torch_dtype(case.fp8_format), FP8_MAX[case.fp8_format]
@@ -413,18 +426,9 @@ def build_liger(ctx, case, sets):
     if case.fp8:
         raise Skip("Liger has no fused fp8-output norm")
     try:
-        if case.ln:
-            from liger_kernel.ops.layer_norm import LigerLayerNormFunction as LF
-        else:
-            from liger_kernel.ops.rms_norm import LigerRMSNormFunction as LF
+        fn = liger_norm(case.ln, case.eps)
     except ImportError as e:
         raise Skip(f"liger_kernel is not installed ({e})") from None
-    if case.ln:
-        fn = lambda x, g, b: LF.apply(x, g, b, case.eps)  # noqa: E731
-    else:
-        # offset 0, Llama casting (Liger's default), and not in place: in-place backward would
-        # overwrite dy with dx, so every later call would see different data
-        fn = lambda x, g: LF.apply(x, g, case.eps, 0.0, "llama", False)  # noqa: E731
     p = _torch_prepared(fn, case, sets)
     p.origin = "liger_kernel " + _version("liger-kernel")
     return p

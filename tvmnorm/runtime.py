@@ -122,7 +122,12 @@ def is_small_call(key: NormKey, rows: int) -> bool:
     """Whether a call of ``rows`` rows of ``key`` is a small call: a forward of at most
     SMALL_CALL_BYTES of x, which the small-call kernel serves where the key has one (a tuned
     record, or build.has_own_small_call)."""
-    return key.stage == "fwd" and rows * key.hidden_size * DTYPE_BYTES[key.itype] <= SMALL_CALL_BYTES
+    return key.stage == "fwd" and rows <= small_call_rows(key)
+
+
+def small_call_rows(key: NormKey) -> int:
+    """The most rows of a small call of ``key`` (at most SMALL_CALL_BYTES of x)."""
+    return SMALL_CALL_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype])
 
 
 # How a backward call past the decode rows (decode_bwd_rows) cuts its dx into chunks of T rows
@@ -245,18 +250,17 @@ class NormKernel:
         self._decode = decode or {}  # DECODE_PARTS: the decode backward (int32 rows)
         self._ctype = TVM_DTYPE[key.ctype]
         # A forward without fp8's amax passes its arrays through as they come (signature order),
-        # and the kernel it runs depends on the row count alone: is_small_call and fits_int32 as
-        # row bounds, so that a decode call (a few us of GPU time) pays no Python for them.
+        # and the kernel a call runs depends on its row count alone: is_small_call and fits_int32
+        # as row bounds, so that a decode call (a few us of GPU time) pays no Python for them.
         self._x_at, self._nargs = self.signature.index("x"), len(self.signature)
         self._plain_fwd = key.stage == "fwd" and not key.fp8_out
         self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
-        small = key.stage == "fwd" and "fwd" in self._small
-        self._small_rows = SMALL_CALL_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype]) if small else -1
+        self._small_rows = small_call_rows(key) if key.stage == "fwd" and "fwd" in self._small else -1
         self._narrow_rows = narrow_rows(key.hidden_size)
 
     def parts_for(self, rows: int) -> dict:
         """part -> the kernel a call of ``rows`` rows runs (int32 rows where the call fits)."""
-        if fits_int32(rows, self.key.hidden_size):
+        if rows <= self._narrow_rows:  # fits_int32
             return self._narrow
         if self.row_bits == 32:
             # int32 offsets would wrap: the kernel would read and write the wrong elements
@@ -274,8 +278,6 @@ class NormKernel:
         SMALL_CALL_BYTES of x, where the library holds one."""
         if rows <= self._small_rows:
             return self._small["fwd"]
-        if rows <= self._narrow_rows:
-            return self._narrow["fwd"]
         return self.parts_for(rows)["fwd"]
 
     def own_chunk_rows(self) -> int:
@@ -311,9 +313,7 @@ class NormKernel:
             return None
         a = dict(zip(self.signature, arrays))
         if self.key.stage == "fwd":
-            if eps is None:
-                eps = 1e-5 if self.key.norm == "layernorm" else 1e-6
-            return self._fwd(a, rows, eps)
+            return self._fwd(a, rows, self._default_eps if eps is None else eps)
         return self._bwd(a, rows)
 
     def _fwd(self, a, rows, eps):

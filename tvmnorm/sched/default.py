@@ -96,7 +96,7 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
     if not cfg.keep_row or cfg.rows == 1 or 2 * cfg.threads * cfg.vec > hidden:
         return cfg
-    return dataclasses.replace(cfg, threads=2 * cfg.threads, rows=max(1, cfg.rows // 2))
+    return dataclasses.replace(cfg, threads=2 * cfg.threads, rows=cfg.rows // 2)
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:

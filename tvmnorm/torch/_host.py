@@ -1,7 +1,8 @@
 """Host functions: torch tensors in, the runtime's kernels called over DLPack, torch tensors out.
 
-This is the only layer of ``tvmnorm.torch`` that touches a kernel. Everything here works on 2-D
-row-contiguous ``[rows, hidden]`` views; ``ops.py`` does the reshaping, the autograd and the
+This is the only layer of ``tvmnorm.torch`` that touches a kernel. The host functions take x
+(and dy) row-contiguous in any leading shape, return outputs in that shape and hand the kernels
+``[rows, hidden]`` views; ``ops.py`` does the checks' calls, the autograd and the
 ``torch.library`` registration on top.
 
 What crosses into TVM, and why it is zero-copy:
@@ -102,7 +103,7 @@ def check_x(op: str, x, weights) -> int:
         if w.shape != (hidden,):
             raise ValueError(f"{op}: {name} must have shape [{hidden}] (the last dimension of x), "
                              f"got {list(w.shape)}")
-        if (w.is_cuda if cuda else w.is_cpu) is not True or w.get_device() != index:
+        if not (w.is_cuda if cuda else w.is_cpu) or w.get_device() != index:
             raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
     if not x.is_contiguous():
         # Row-contiguous == contiguous here: [.., hidden] viewed as [rows, hidden] with strides

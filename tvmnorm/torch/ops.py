@@ -30,7 +30,7 @@ Tensor = torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# Implementations: checks, the [rows, hidden] view, the host call, the result shaped like x.
+# Implementations: checks, then the host call (outputs shaped like x).
 
 def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
     hidden = _host.check_input(op, x, [("weight", w)], out_dtype)
