@@ -175,8 +175,11 @@ def main(argv=None):
                                         "rows": rows, "tokens": tokens, "impl": impl, "skipped": why})
                     print(f"{mode:5s} {norm:9s} H={hidden:5d} rows={rows:5d}  " + "  ".join(
                         f"{i} {h:.1f}/{w:.1f}" for i, (h, w) in timed.items()), flush=True)
+    from tvmnorm._tvm import FFI_VERSION, TVM_VERSION
+    from tvmnorm.build import source_hash
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda, "liger": _version("liger-kernel"),
+            "tvm": TVM_VERSION, "tvm_ffi": FFI_VERSION, "tvmnorm_source_hash": source_hash(),
             "calls_a_round": args.calls, "rounds": args.rounds,
             "method": "best round of back-to-back calls: host_us until the last call returns, wall_us "
                       "until the device is done"}

@@ -393,7 +393,10 @@ def test_host_overhead_times_the_ops_and_their_peers(bench_script, tmp_path, mon
     path = ho.main(["--out", str(tmp_path), "--device", "cpu", "--dtype", "fp32", "--hidden", "64",
                     "--tokens", "1,8", "--norms", "rmsnorm,layernorm", "--calls", "3", "--rounds", "2",
                     "--impls", "tvmnorm,tvmnorm_kernel,torch_eager,liger,tvmnorm_graph"])
-    records = json.loads(path.read_text())["records"]
+    result = json.loads(path.read_text())
+    from tvmnorm.build import source_hash
+    assert result["meta"]["tvmnorm_source_hash"] == source_hash() and result["meta"]["tvm"]
+    records = result["records"]
     timed = {(r["op"], r["rows"], r["impl"]) for r in records if "host_us" in r}
     for op in ("rmsnorm_fwd", "layernorm_fwd", "rmsnorm_train", "layernorm_train"):
         for rows in (1, 8):
