@@ -493,6 +493,54 @@ def test_cuda_backward_holds_its_decode_backward():
             assert ran == ["dx", part], (hidden, rows)
 
 
+def test_backward_plans_launch_what_each_row_count_needs_and_stay_bounded(monkeypatch):
+    """A backward call's kernels and partial sums come from its row count's plan
+    (NormKernel.bwd_plan), kept after the first call: the first and a repeated call of a row
+    count launch the same kernels on the same arrays (the decode backward; dx at a shorter T;
+    dx at the key's own T, then finalize; combine past COMBINE_ABOVE partials), and a run of ever
+    new row counts keeps at most BWD_PLANS plans."""
+    import torch
+    from tvmnorm import runtime
+    from tvmnorm.build import DECODE_PARTS
+    from tvmnorm.compute.norms import num_partials
+    ran = []
+
+    class Part:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, *args):
+            ran.append((self.name, [a if a.shape[0] == rows else tuple(a.shape) for a in args]))
+    key = NormKey(norm="layernorm", stage="bwd_add", hidden_size=1024)
+    main = {p: Part(p) for p in ("dx", "combine", "finalize")}
+    kernel = runtime.NormKernel(key, "cuda", main, True, "test", chunk_rows=64, narrow={"dx": main["dx"]},
+                                small_dx={8: Part("dx8")}, decode={p: Part(f"decode_{p}") for p in DECODE_PARTS})
+    monkeypatch.setattr(runtime, "COMBINE_ABOVE", 350)  # 3000 rows at T = 8: 375 partials, 20000 at 64: 313
+    for rows in (5, 3000, 3000, 20000, 20000, 5):
+        ran.clear()
+        x = torch.empty(rows, 1024)
+        dy, dz, dx = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+        mu, rs, w, dw, db = torch.empty(rows), torch.empty(rows), torch.empty(1024), torch.empty(1024), torch.empty(1024)
+        kernel(dy, x, mu, rs, w, dz, dx, dw, db)
+        names = [name for name, _ in ran]
+        if rows == 5:
+            assert names == ["decode_dx", "decode_wgrad_few"]
+            assert ran[0][1] == [dy, x, mu, rs, (1024,), dz, dx] and ran[1][1] == [dy, x, mu, rs, (1024,), (1024,)]
+            continue
+        t, count = (8, num_partials(3000, 8)) if rows == 3000 else (64, num_partials(20000, 64))
+        part = (2, count, 1024)
+        assert ran[0] == ("dx8" if t == 8 else "dx", [dy, x, mu, rs, (1024,), dz, dx, part]), rows
+        if count > 350:
+            mid = (2, runtime.combined_rows(count), 1024)
+            assert ran[1:] == [("combine", [part, mid]), ("finalize", [mid, (1024,), (1024,)])], rows
+        else:
+            assert ran[1:] == [("finalize", [part, (1024,), (1024,)])], rows
+    assert set(kernel._plans) == {5, 3000, 20000}
+    for rows in range(2000, 2000 + 2 * runtime.BWD_PLANS):
+        kernel.bwd_plan(rows)
+    assert 0 < len(kernel._plans) <= runtime.BWD_PLANS
+
+
 @pytest.mark.parametrize("mid", [False, True], ids=["without-wgrad_mid", "with-wgrad_mid"])
 def test_a_module_without_wgrad_mid_serves_its_calls_with_wgrad(mid):
     """A library holds wgrad_mid only where its split differs from wgrad's (build.decode_parts):

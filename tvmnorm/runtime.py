@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import pathlib
+import sys
 import threading
 import warnings
 
@@ -85,10 +86,10 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
     ``zero``)."""
     mod = type(like).__module__
     if mod.startswith("torch"):
-        import torch
-        make = torch.zeros if zero else torch.empty
-        return make(shape, dtype=getattr(torch, {"float32": "float32", "float64": "float64"}[dtype]),
-                    device=like.device)
+        # like is a torch tensor, so torch is loaded; new_empty takes its device without a
+        # torch.device object (a few us of a decode-size backward call)
+        torch = sys.modules["torch"]
+        return (like.new_zeros if zero else like.new_empty)(shape, dtype=getattr(torch, dtype))
     if mod.startswith("numpy"):
         import numpy as np
         return (np.zeros if zero else np.empty)(shape, dtype=dtype)
@@ -221,6 +222,11 @@ def narrow_rows(hidden: int) -> int:
     return ((1 << 31) - 1) // hidden - _NARROW_SLACK_ROWS
 
 
+# Row counts a NormKernel keeps its backward plan for (NormKernel.bwd_plan); past them it starts
+# over, so a run of ever new row counts holds at most this many.
+BWD_PLANS = 64
+
+
 def fits_int32(rows: int, hidden: int) -> bool:
     """Whether a call of ``rows`` rows of ``hidden`` indexes within int32 (the kernels with an
     int32 row count serve it, build.NARROW_PARTS)."""
@@ -257,6 +263,12 @@ class NormKernel:
         self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
         self._small_rows = small_call_rows(key) if key.stage == "fwd" and "fwd" in self._small else -1
         self._narrow_rows = narrow_rows(key.hidden_size)
+        if key.stage != "fwd":
+            # a backward's arrays by position: the dx kernel takes the signature up to dx, the
+            # decode wgrad dy, x and the statistics, finalize the weights' gradients after dx
+            self._dx_end = self.signature.index("dx") + 1
+            self._row_inputs = self.signature.index("gamma")
+            self._plans = {}  # rows -> _plan_bwd(rows)
 
     def parts_for(self, rows: int) -> dict:
         """part -> the kernel a call of ``rows`` rows runs (int32 rows where the call fits)."""
@@ -311,10 +323,9 @@ class NormKernel:
             if rows or self.kind != "cuda":  # CUDA rejects an empty grid
                 self.forward_for(rows)(*arrays, float(self._default_eps if eps is None else eps))
             return None
-        a = dict(zip(self.signature, arrays))
         if self.key.stage == "fwd":
-            return self._fwd(a, rows, self._default_eps if eps is None else eps)
-        return self._bwd(a, rows)
+            return self._fwd(dict(zip(self.signature, arrays)), rows, self._default_eps if eps is None else eps)
+        return self._bwd(arrays, rows)
 
     def _fwd(self, a, rows, eps):
         launch = rows > 0 or self.kind != "cuda"  # CUDA rejects an empty grid
@@ -339,33 +350,50 @@ class NormKernel:
         elif launch:
             fwd(*args, float(eps))
 
-    def _bwd(self, a, rows):
-        ln = self.key.norm == "layernorm"
-        stats = [a["mu"], a["rsigma"]] if ln else [a["rsigma"]]
-        s = self.key.column_sums
-        dx_args = [a["dy"], a["x"], *stats, a["gamma"], *([a["dz"]] if "dz" in a else []), a["dx"]]
-        wgrad = [a["dgamma"], *([a["dbeta"]] if ln else [])]
+    def bwd_plan(self, rows: int) -> tuple:
+        """(dx kernel, partial sums' shape, combine's output shape, wgrad kernel) of a backward
+        call of ``rows`` (> 0) rows: the decode backward's pair with no partials, else the dx
+        kernel at its T (dx_for), its partials (None for combine's shape where finalize sums
+        them alone) and finalize. Kept per row count, so that a call pays one dict lookup for
+        what is ~10 us of Python: training and decoding repeat a few row counts."""
+        plan = self._plans.get(rows)
+        if plan is None:
+            if len(self._plans) >= BWD_PLANS:
+                self._plans.clear()
+            plan = self._plans[rows] = self._plan_bwd(rows)
+        return plan
+
+    def _plan_bwd(self, rows: int) -> tuple:
         if self.decodes(rows):
-            self._decode["dx"](*dx_args)
-            self._decode[wgrad_part(rows)](a["dy"], a["x"], *stats, *wgrad)
-            return
+            return self._decode["dx"], None, None, self._decode[wgrad_part(rows)]
+        s, h = self.key.column_sums, self.key.hidden_size
+        t, dx = self.dx_for(rows)
+        count = partials(rows, self.key, self.kind, t)
+        mid_rows = combined_rows(count)
+        return dx, (s, count, h), None if mid_rows is None else (s, mid_rows, h), self._f["finalize"]
+
+    def _bwd(self, arrays, rows):
+        dx_args, wgrad = arrays[:self._dx_end], arrays[self._dx_end:]
         if rows == 0:
             # no rows, no dx launch: dgamma/dbeta of nothing are the sum of one zero partial (a
             # zero-extent partial array is refused: torch gives it strides that are not the
             # compact ones TVM checks)
-            part = _alloc(a["x"], (s, 1, self.key.hidden_size), self._ctype, zero=True)
-        else:
-            # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
-            t, dx = self.dx_for(rows)
-            count = partials(rows, self.key, self.kind, t)
-            part = _alloc(a["x"], (s, count, self.key.hidden_size), self._ctype)
-            dx(*dx_args, part)
-            mid_rows = combined_rows(count)
-            if mid_rows is not None:
-                mid = _alloc(a["x"], (s, mid_rows, self.key.hidden_size), self._ctype)
-                self._f["combine"](part, mid)
-                part = mid
-        self._f["finalize"](part, *wgrad)
+            part = _alloc(arrays[1], (self.key.column_sums, 1, self.key.hidden_size), self._ctype, zero=True)
+            self._f["finalize"](part, *wgrad)
+            return
+        dx, part_shape, mid_shape, wgrad_fn = self.bwd_plan(rows)
+        if part_shape is None:  # the decode backward: dgamma/dbeta straight from dy and x
+            dx(*dx_args)
+            wgrad_fn(*arrays[:self._row_inputs], *wgrad)
+            return
+        # one pass over dy and x: dx and the per-chunk partial sums, then their fixed-order sum
+        part = _alloc(arrays[1], part_shape, self._ctype)
+        dx(*dx_args, part)
+        if mid_shape is not None:
+            mid = _alloc(arrays[1], mid_shape, self._ctype)
+            self._f["combine"](part, mid)
+            part = mid
+        wgrad_fn(part, *wgrad)
 
 
 def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64, wide=None):
