@@ -1,11 +1,10 @@
 """Fill the default-kernel JIT cache ($TVMNORM_CACHE) ahead of time.
 
-A key with no tuned kernel is compiled on first use (NVRTC on CUDA, ~2-5 s a key, more for the
-one-pass backward's unrolled kernels) and cached. On a GPU lease that time is the lease's: the
-GPU pytest selection of 143 tests compiled for 200 s and ran 38. Built here instead, CUDA kernels
-go through cuda_host + nvcc (they load with tvm_ffi alone). The cache is keyed by tvmnorm's source
-hash and the TVM/tvm-ffi versions, so build it from the same tree and TVM as the machine that
-loads it.
+A key with no tuned kernel is compiled on first use (on CUDA by nvcc as a library's kernels
+are, cuda_aot.jit_nvcc, ~5-15 s a key) and cached. On a GPU lease that time is the lease's: the
+GPU pytest selection of 143 tests compiled for 200 s and ran 38. The cache is keyed by tvmnorm's
+source hash and the TVM/tvm-ffi versions, so build it from the same tree and TVM as the machine
+that loads it.
 
   python scripts/warm_cache.py --target cuda --out .device/tc --shapes all --stages bwd,bwd_add --dtypes bf16,fp32
   XZ_OPT=-9 tar cJf .device/tc.txz -C .device tc   # each .so holds a static cudart: xz keeps one
@@ -18,21 +17,15 @@ import concurrent.futures
 import os
 import pathlib
 import sys
-import tempfile
 
 
 def build_one(args):
     key, kind, path = args
-    from tvmnorm.build import compile_funcs, key_funcs
-    from tvmnorm.cuda_aot import build_cuda_library
-    funcs = key_funcs(key, kind)  # what the runtime's default-kernel cache holds for a key
-    tmp_so = path.with_suffix(f".tmp{os.getpid()}.so")
-    if kind == "cuda":
-        with tempfile.TemporaryDirectory() as tmp:
-            build_cuda_library(funcs, "sm_90", tmp_so, pathlib.Path(tmp), jobs=1)  # the pool runs one key a core
-    else:
-        compile_funcs(funcs, kind).export_library(str(tmp_so))
-    os.replace(tmp_so, path)  # as the runtime writes its entries: never a half-written one
+    from tvmnorm.build import key_funcs
+    from tvmnorm.runtime import _cached_module
+    # what the runtime's default-kernel cache holds for a key, int64 row kernels included, built
+    # as the runtime builds its entries; the pool runs one key a core
+    _cached_module(path, kind, lambda: key_funcs(key, kind), jobs=1)
     return key.name
 
 

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from conftest import call, check_outputs, make_inputs
+from conftest import call, check_outputs, has_nvcc, make_inputs
 from tvmnorm.build import LIBRARY, MANIFEST, build_library, file_sha256
 from tvmnorm.key import NormKey
 from tvmnorm.runtime import FallbackWarning, LibraryRefused, Registry
@@ -651,3 +651,38 @@ def test_cuda_default_kernel_leaves_its_int64_row_kernels_to_the_first_call_past
     wide = kernel.parts_for((1 << 31) // 1024)
     assert kernel._wide is None and wide["dx"] is kernel._f["dx"] and wide["dx"] is not kernel._narrow["dx"]
     assert (entry / f"{key.name}.wide.so").exists()
+
+
+def test_cuda_default_cache_holds_nvcc_libraries_and_rebuilds_nvrtc_entries(tmp_path, monkeypatch):
+    """Where nvcc is found (cuda_aot.jit_nvcc) a CUDA default key's cache entry is compiled as a
+    library's kernels are (SASS, no TVM CUDA module for NVRTC to compile in every process that
+    loads it); an entry of TVM's CUDA module, as TVMNORM_JIT_NVCC=0 or a cache from before makes
+    it, is rebuilt so."""
+    import warnings
+
+    from tvmnorm._tvm import load_module
+    from tvmnorm.cuda_aot import jit_nvcc
+    from tvmnorm.runtime import Registry, cache_dir
+    from tvmnorm.targets import target_name
+    if not has_nvcc():
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
+    key = NormKey(hidden_size=1024)
+    entry = cache_dir() / target_name("cuda") / f"{key.name}.so"
+
+    def default_kernel():
+        reg = Registry()
+        reg.set_library("cuda", None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return reg.get(key, "cuda")
+    monkeypatch.setenv("TVMNORM_JIT_NVCC", "0")
+    assert not jit_nvcc()
+    default_kernel()
+    nvrtc_entry = entry.read_bytes()
+    assert b"__global__ void" in nvrtc_entry  # CUDA source for NVRTC
+    monkeypatch.delenv("TVMNORM_JIT_NVCC")
+    assert jit_nvcc()
+    kernel = default_kernel()
+    assert b"__global__ void" not in entry.read_bytes() and not load_module(str(entry)).imports
+    assert "fwd" in kernel._narrow and kernel._wide is not None  # the int64 one left to its first call

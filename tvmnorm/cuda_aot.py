@@ -32,6 +32,14 @@ def nvcc_path() -> str:
     return shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 
 
+def jit_nvcc() -> bool:
+    """Whether the runtime's default-kernel cache compiles CUDA kernels as a library does
+    (build_cuda_library: SASS, and programmatic dependent launch on sm_90+) rather than as TVM's
+    CUDA module, whose source NVRTC compiles again in every process that loads it: where nvcc is
+    found, unless TVMNORM_JIT_NVCC=0."""
+    return os.environ.get("TVMNORM_JIT_NVCC", "1") != "0" and os.path.exists(nvcc_path())
+
+
 def _run(cmd: list) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:

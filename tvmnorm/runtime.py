@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -612,18 +613,31 @@ class Registry:
                                    wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide)
 
 
-def _cached_module(path: pathlib.Path, kind: str, funcs):
+def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None):
     """The module at ``path`` in the default-kernel cache, or ``funcs()`` compiled into it (under
-    a file lock, written whole: a damaged entry is rebuilt, a concurrent process waits)."""
+    a file lock, written whole: a damaged entry is rebuilt, a concurrent process waits). CUDA
+    kernels are compiled by nvcc into a library's form where cuda_aot.jit_nvcc says so: an entry
+    of TVM's CUDA module (CUDA source, which NVRTC compiles again in each process that loads it,
+    ~2 s a key on the H200 host, and whose kernels launch without programmatic dependent launch)
+    is then rebuilt. ``jobs``: nvcc processes at once (default: the usable cores)."""
     from ._tvm import load_module
+    from .cuda_aot import build_cuda_library, jit_nvcc
+    nvcc = kind == "cuda" and jit_nvcc()
     with _file_lock(path.with_suffix(".lock")):
         if path.exists():
             try:
-                return load_module(str(path))
+                mod = load_module(str(path))
+                if not (nvcc and mod.imports):
+                    return mod
             except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
                 pass
-        ex = compile_funcs(funcs(), kind)
         tmp = path.with_suffix(f".tmp{os.getpid()}.so")
+        if nvcc:
+            with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
+                build_cuda_library(funcs(), arch_of(kind), tmp, work, jobs)
+            os.replace(tmp, path)
+            return load_module(str(path))
+        ex = compile_funcs(funcs(), kind)
         ex.export_library(str(tmp))
         os.replace(tmp, path)
         return ex.mod
