@@ -2,7 +2,7 @@
 
 Skipped cleanly without a CUDA GPU (torch.cuda.is_available() False, or TVM built without CUDA).
 Run on the GPU host with ``python -m pytest -q -m gpu tests/test_gpu_core.py``. Each key compiles
-once (default schedule, NVRTC) per module; inputs and outputs live on the GPU, the float64
+once (the default schedule, into the default-kernel cache: nvcc, or NVRTC without it); inputs and outputs live on the GPU, the float64
 reference runs on the host from the same rounded inputs.
 """
 from __future__ import annotations
@@ -691,18 +691,27 @@ PDL_CHAINS = [("layernorm", 7168, "bf16"), ("rmsnorm", 1024, "bf16"), ("rmsnorm"
               ("layernorm", 4096, "fp8e4m3")]
 
 
-@pytest.fixture(scope="module")
-def pdl_library(tmp_path_factory):
-    """One library (default schedules) of the forward and backward keys of PDL_CHAINS, and its manifest."""
+@pytest.fixture(scope="module", params=["library", "jit"])
+def pdl_library(request, tmp_path_factory):
+    """(registry, whether it launches with PDL, the kernels' origin) for the forward and backward
+    keys of PDL_CHAINS: one library of their default schedules, or the runtime's default-kernel
+    cache, which nvcc compiles as it does a library (cuda_aot.jit_nvcc)."""
     from tvmnorm.build import build_library
+    from tvmnorm.cuda_aot import jit_nvcc, pdl_enabled
     from tvmnorm.runtime import Registry
+    from tvmnorm.targets import arch_of
+    reg = Registry()
+    if request.param == "jit":
+        if not jit_nvcc():
+            pytest.skip("the default-kernel cache is TVM's CUDA module without nvcc (or with TVMNORM_JIT_NVCC=0)")
+        reg.set_library("cuda", None)
+        return reg, pdl_enabled(arch_of("cuda")), "default"
     keys = [k for norm, hidden, otype in PDL_CHAINS for k in (
         NormKey(norm=norm, otype=otype, hidden_size=hidden), NormKey(norm=norm, stage="bwd", hidden_size=hidden))]
     out = tmp_path_factory.mktemp("pdl") / "cuda"
     manifest = build_library(keys, "cuda", out, log=lambda *_: None)
-    reg = Registry()
     reg.set_library("cuda", out)
-    return reg, manifest
+    return reg, manifest["pdl"], "library:default"
 
 
 def pdl_chain(reg, norm, hidden, otype, rows):
@@ -723,7 +732,7 @@ def bwd_inputs_of(f_in, f_out, dy, norm):
 @pytest.mark.parametrize("rows", ("train", 64))
 @pytest.mark.parametrize("norm,hidden,otype", PDL_CHAINS)
 def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, norm, hidden, otype, rows, rng, seed):
-    """On sm_90 a library kernel that runs after another of the same call (the backward's combine
+    """On sm_90 a library (or default-cache) kernel that runs after another of the same call (the backward's combine
     and finalize after its dx, the decode backward's wgrad after its dx, the fp8 forward after
     amax_zero) is launched with programmatic dependent launch and waits at its entry for the one
     ahead (_tvm.pdl_source). Chained with no synchronisation: a torch copy writes x, our forward
@@ -733,11 +742,11 @@ def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, no
     gradients of the rounds bitwise equal (a kernel reading what the one ahead still writes shows
     as NaN from the poisoned outputs, or as sums that move between rounds)."""
     import numpy as np
-    reg, manifest = pdl_library
+    reg, pdl, origin = pdl_library
     major, minor = torch.cuda.get_device_capability()
-    assert manifest["pdl"] is (major * 10 + minor >= 90)
+    assert pdl is (major * 10 + minor >= 90)
     fwd, bwd, kf, kb, rows = pdl_chain(reg, norm, hidden, otype, rows)
-    assert kf.origin == kb.origin == "library:default"
+    assert kf.origin == kb.origin == origin
     host = make_inputs(fwd, rows, rng, device="cuda")
     dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
     rounds = []
