@@ -2,8 +2,8 @@
 
 Skipped cleanly without a CUDA GPU (torch.cuda.is_available() False, or TVM built without CUDA).
 Run on the GPU host with ``python -m pytest -q -m gpu tests/test_gpu_core.py``. Each key compiles
-once (the default schedule, into the default-kernel cache: nvcc, or NVRTC without it); inputs and outputs live on the GPU, the float64
-reference runs on the host from the same rounded inputs.
+once (the default schedule, into the default-kernel cache: nvcc, or NVRTC without it); inputs and
+outputs live on the GPU, the float64 reference runs on the host from the same rounded inputs.
 """
 from __future__ import annotations
 
