@@ -321,3 +321,16 @@ def check_fp8(key: NormKey, outs: dict, y_ref: np.ndarray, mag: np.ndarray, scal
                             f"{np.argwhere(mism)[0]}: got {got[mism][0]}, want {q_ref[mism][0]}")
     assert_close("amax", outs["amax"], np.array([amax_ref]), COMPUTE[key.ctype] * amax_ref, context)
 
+
+def captured(fn, *static):
+    """fn(*static) captured in a CUDA graph (after a warm-up call on a side stream, which loads
+    every kernel the call launches): (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+    return graph, out

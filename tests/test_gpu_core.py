@@ -776,7 +776,7 @@ def test_cuda_library_calls_replay_in_a_cuda_graph(pdl_library, norm, hidden, ot
     of three replays. The calls' later kernels are launched with programmatic dependent launch
     (_tvm.pdl_source), which a capture records as programmatic edges; the backward's partials
     come from the graph's memory pool."""
-    from conftest import output_specs, poisoned
+    from conftest import captured, output_specs, poisoned
     fwd, bwd, kf, kb, rows = pdl_chain(pdl_library[0], norm, hidden, otype, rows)
     f_in = {n: t.clone() for n, t in make_inputs(fwd, rows, rng, device="cuda").items()}
     dy = tensor(rng.standard_normal((rows, hidden)), "bf16", "cuda")
@@ -787,14 +787,7 @@ def test_cuda_library_calls_replay_in_a_cuda_graph(pdl_library, norm, hidden, ot
     def run():
         kf(*[f_in[n] if n in f_in else f_out[n] for n in kf.signature])
         kb(*[b_in[n] if n in b_in else b_out[n] for n in kb.signature])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # loads and looks up every kernel the calls launch, outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph, _ = captured(run)
     for i in range(3):
         fresh_f = make_inputs(fwd, rows, rng, device="cuda")
         for n in f_in:

@@ -15,6 +15,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::tvmnorm.runtime.FallbackWarning"),
 ]
 
+from conftest import captured  # noqa: E402
 import tvmnorm.torch as tn  # noqa: E402
 from tvmnorm.torch import _host  # noqa: E402
 from test_torch import (DTYPES, HIDDENS, Block, Model, Spy, assert_close, check_fwd_bwd,  # noqa: E402
@@ -215,20 +216,6 @@ def test_patch_norms_cuda(gen):
     assert_close("patched model", got, want.double(), torch.bfloat16, rtol=2 ** -6, atol=2e-2)
 
 
-def _captured(fn, *static):
-    """fn(*static) captured in a CUDA graph (after a warm-up call on a side stream, which loads
-    every kernel the call launches): (graph, its outputs)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*static)
-    return graph, out
-
-
 # A decode loop without CUDA graphs pays each call's host time (bench/host_overhead.py): the
 # ops must capture and replay, each replay computing on the data in the captured buffers.
 @pytest.mark.parametrize("op", ("rms_norm", "layer_norm", "rms_norm_fp8"))
@@ -242,7 +229,7 @@ def test_ops_replay_in_a_cuda_graph(op, shape, gen):
     fns = {"rms_norm": lambda x: tn.rms_norm(x, w, 1e-6),
            "layer_norm": lambda x: tn.layer_norm(x, w, b, 1e-5),
            "rms_norm_fp8": lambda x: tn.rms_norm_fp8(x, w, scale, 1e-6)}
-    graph, out = _captured(fns[op], x)
+    graph, out = captured(fns[op], x)
     for i in range(3):
         x.copy_(rand(gen, shape, torch.bfloat16, offset=1.0, device=DEV))
         for t in (out if isinstance(out, tuple) else (out,)):  # poisoned: NaN (0x7f is e4m3's)

@@ -2,7 +2,7 @@
 # module: a process's cost of a default key, the backward's GPU time with programmatic dependent
 # launch against without; then the host time of a train step, this tree against 81eaee4's
 source bench/lease_env.sh || exit 1
-S=bench/results/h200-run42/scripts
+S=.device/l42
 timeout 200 python $S/jit_probe.py "$X" > "$X/jit-probe.log" 2>&1
 el "jit probe"; cat "$X/jit-probe.log" | cut -c1-200
 # the backward of untuned keys, both caches (filled by the probe where it ran the key), in turn
