@@ -69,13 +69,22 @@ def make_call(impl: str, mode: str, norm: str, hidden: int, rows: int, device, d
     x = torch.randn(rows, hidden, device=device, dtype=dtype)
     ws = [torch.randn(hidden, device=device, dtype=dtype) for _ in range(2 if ln else 1)]
     if impl == "tvmnorm_kernel":
-        if mode != "fwd":
-            return None
+        # the runtime's kernels alone (NormKernel's host path) on preallocated outputs: the
+        # forward, and in the train mode the backward after it, without autograd
         from tvmnorm.torch import _host
-        k = _host.kernel(norm, "fwd", dtype, dtype, dtype, hidden, False, device.type == "cuda")
-        outs = [torch.empty_like(x)] + [torch.empty(rows, device=device) for _ in range(2 if ln else 1)]
+        cuda = device.type == "cuda"
+        k = _host.kernel(norm, "fwd", dtype, dtype, dtype, hidden, False, cuda)
+        y, stats = torch.empty_like(x), [torch.empty(rows, device=device) for _ in range(2 if ln else 1)]
         eps = 1e-5 if ln else 1e-6
-        return lambda: k(x, *ws, *outs, eps=eps)
+        if mode == "fwd":
+            return lambda: k(x, *ws, y, *stats, eps=eps)
+        kb = _host.kernel(norm, "bwd", dtype, dtype, dtype, hidden, False, cuda)
+        dy, dx, grads = torch.randn_like(x), torch.empty_like(x), [torch.empty_like(w) for w in ws]
+
+        def kernels():
+            k(x, *ws, y, *stats, eps=eps)
+            kb(dy, x, *stats, ws[0], dx, *grads)
+        return kernels
     f = norm_fn(impl, norm, hidden)
     if mode == "fwd":
         def call():
