@@ -616,10 +616,9 @@ class Registry:
 def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None):
     """The module at ``path`` in the default-kernel cache, or ``funcs()`` compiled into it (under
     a file lock, written whole: a damaged entry is rebuilt, a concurrent process waits). CUDA
-    kernels are compiled by nvcc into a library's form where cuda_aot.jit_nvcc says so: an entry
-    of TVM's CUDA module (CUDA source, which NVRTC compiles again in each process that loads it,
-    ~2 s a key on the H200 host, and whose kernels launch without programmatic dependent launch)
-    is then rebuilt. ``jobs``: nvcc processes at once (default: the usable cores)."""
+    kernels are compiled by nvcc into a library's form where cuda_aot.jit_nvcc says so; an entry
+    of TVM's CUDA module (CUDA source for NVRTC, kernels launched without programmatic dependent
+    launch) is then rebuilt. ``jobs``: nvcc processes at once (default: the usable cores)."""
     from ._tvm import load_module
     from .cuda_aot import build_cuda_library, jit_nvcc
     nvcc = kind == "cuda" and jit_nvcc()
