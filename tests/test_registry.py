@@ -686,3 +686,35 @@ def test_cuda_default_cache_holds_nvcc_libraries_and_rebuilds_nvrtc_entries(tmp_
     kernel = default_kernel()
     assert b"__global__ void" not in entry.read_bytes() and not load_module(str(entry)).imports
     assert "fwd" in kernel._narrow and kernel._wide is not None  # the int64 one left to its first call
+
+
+def test_cuda_default_cache_falls_back_to_nvrtc_where_nvcc_fails(tmp_path, monkeypatch):
+    """An nvcc that fails on a default key's kernels (here a stand-in raising as _run does) leaves
+    the key served from TVM's CUDA module, with a warning naming the file that keeps nvcc's error;
+    later lookups do not run nvcc again while that file is there."""
+    import tvmnorm.cuda_aot as cuda_aot
+    from tvmnorm.runtime import Registry, cache_dir
+    from tvmnorm.targets import target_name
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
+    monkeypatch.setattr(cuda_aot, "jit_nvcc", lambda: True)
+    tries = []
+
+    def broken_nvcc(*args, **kwargs):
+        tries.append(args)
+        raise RuntimeError("nvcc failed (nvcc -shared ...):\nunsupported GNU version!")
+    monkeypatch.setattr(cuda_aot, "build_cuda_library", broken_nvcc)
+    key = NormKey(hidden_size=1024)
+    entry = cache_dir() / target_name("cuda") / f"{key.name}.so"
+    failed = entry.with_suffix(".nvcc-failed")
+    said = []
+    for _ in range(2):
+        reg = Registry()
+        reg.set_library("cuda", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kernel = reg.get(key, "cuda")
+        assert "fwd" in kernel._narrow and entry.exists()
+        said.append([str(w.message) for w in caught if "nvcc could not compile" in str(w.message)])
+    assert len(tries) == 1 and "unsupported GNU version" in failed.read_text()
+    assert len(said[0]) == 1 and str(failed) in said[0][0] and "TVMNORM_JIT_NVCC=0" in said[0][0]
+    assert said[1] == []  # the second lookup: no nvcc, no warning

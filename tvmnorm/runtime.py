@@ -618,10 +618,14 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
     a file lock, written whole: a damaged entry is rebuilt, a concurrent process waits). CUDA
     kernels are compiled by nvcc into a library's form where cuda_aot.jit_nvcc says so; an entry
     of TVM's CUDA module (CUDA source for NVRTC, kernels launched without programmatic dependent
-    launch) is then rebuilt. ``jobs``: nvcc processes at once (default: the usable cores)."""
+    launch) is then rebuilt. Where nvcc fails on an entry (a host compiler it does not support,
+    say), the entry is TVM's CUDA module after all, with a warning, and a file beside it keeps
+    nvcc's error so that later processes do not try again. ``jobs``: nvcc processes at once
+    (default: the usable cores)."""
     from ._tvm import load_module
     from .cuda_aot import build_cuda_library, jit_nvcc
-    nvcc = kind == "cuda" and jit_nvcc()
+    failed = path.with_suffix(".nvcc-failed")
+    nvcc = kind == "cuda" and jit_nvcc() and not failed.exists()
     with _file_lock(path.with_suffix(".lock")):
         if path.exists():
             try:
@@ -632,10 +636,18 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
                 pass
         tmp = path.with_suffix(f".tmp{os.getpid()}.so")
         if nvcc:
-            with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
-                build_cuda_library(funcs(), arch_of(kind), tmp, work, jobs)
-            os.replace(tmp, path)
-            return load_module(str(path))
+            try:
+                with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
+                    build_cuda_library(funcs(), arch_of(kind), tmp, work, jobs)
+                os.replace(tmp, path)
+                return load_module(str(path))
+            except (RuntimeError, OSError) as e:
+                failed.write_text(f"{e}\n")
+                warnings.warn(f"nvcc could not compile the default kernels of {path.stem} "
+                              f"({str(e).splitlines()[0]}); they are compiled as TVM's CUDA module instead "
+                              f"(NVRTC, launched without programmatic dependent launch). {failed} holds the "
+                              f"error: delete it to try nvcc again, or set TVMNORM_JIT_NVCC=0", RuntimeWarning,
+                              stacklevel=2)
         ex = compile_funcs(funcs(), kind)
         ex.export_library(str(tmp))
         os.replace(tmp, path)
