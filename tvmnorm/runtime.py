@@ -634,11 +634,11 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
                     return mod
             except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
                 pass
-        tmp = path.with_suffix(f".tmp{os.getpid()}.so")
+        tmp, scheduled = path.with_suffix(f".tmp{os.getpid()}.so"), funcs()
         if nvcc:
             try:
                 with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
-                    build_cuda_library(funcs(), arch_of(kind), tmp, work, jobs)
+                    build_cuda_library(scheduled, arch_of(kind), tmp, work, jobs)
                 os.replace(tmp, path)
                 return load_module(str(path))
             except (RuntimeError, OSError) as e:
@@ -648,7 +648,7 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
                               f"(NVRTC, launched without programmatic dependent launch). {failed} holds the "
                               f"error: delete it to try nvcc again, or set TVMNORM_JIT_NVCC=0", RuntimeWarning,
                               stacklevel=2)
-        ex = compile_funcs(funcs(), kind)
+        ex = compile_funcs(scheduled, kind)
         ex.export_library(str(tmp))
         os.replace(tmp, path)
         return ex.mod
