@@ -541,6 +541,49 @@ def test_backward_plans_launch_what_each_row_count_needs_and_stay_bounded(monkey
     assert 0 < len(kernel._plans) <= runtime.BWD_PLANS
 
 
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "amax-kernels"])
+def test_fp8_forward_launches_its_amax_kernels_in_order(fold):
+    """An fp8 forward call with recording kernels: where the forward folds the rows' maxima into
+    amax (CUDA), amax_zero(amax) and then the forward with amax last, and no launch for no rows;
+    else the forward into a row maxima array, then amax_one up to AMAX_ONE_ROWS rows, or amax
+    with its partials beyond."""
+    import torch
+    from tvmnorm.compute.norms import AMAX_ONE_ROWS, amax_partials
+    from tvmnorm.runtime import NormKernel
+    ran = []
+
+    class Part:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, *args):
+            ran.append((self.name, args))
+    key = NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024)
+    parts = ("amax_zero", "fwd") if fold else ("fwd", "amax", "amax_one")
+    kernel = NormKernel(key, "cuda" if fold else "llvm", {p: Part(p) for p in parts}, True, "test")
+    for rows in (0, 5, AMAX_ONE_ROWS + 1):
+        ran.clear()
+        x, y = torch.empty(rows, 1024), torch.empty(rows, 1024)
+        w, b, scale, mu, rs, amax = (torch.empty(1024), torch.empty(1024), torch.empty(1), torch.empty(rows),
+                                     torch.empty(rows), torch.empty(1))
+        kernel(x, w, b, scale, y, mu, rs, amax, eps=0.5)
+        inputs = (x, w, b, scale, y, mu, rs)
+        if fold:
+            assert [n for n, _ in ran] == ["amax_zero"] + ["fwd"] * bool(rows) and ran[0][1] == (amax,)
+            if rows:
+                assert ran[1][1][:-2] == inputs and ran[1][1][-2:] == (amax, 0.5)
+            continue
+        fwd, fwd_args = ran[0]
+        assert fwd == "fwd" and fwd_args[:-2] == inputs and fwd_args[-1] == 0.5
+        amax_row = fwd_args[-2]
+        assert tuple(amax_row.shape) == (rows,) and amax_row.dtype == torch.float32
+        if rows <= AMAX_ONE_ROWS:
+            assert [n for n, _ in ran[1:]] == ["amax_one"] and ran[1][1] == (amax_row, amax)
+        else:
+            assert [n for n, _ in ran[1:]] == ["amax"] and ran[1][1][0] is amax_row and ran[1][1][2] is amax
+            assert tuple(ran[1][1][1].shape) == (amax_partials(rows),)
+
+
 @pytest.mark.parametrize("mid", [False, True], ids=["without-wgrad_mid", "with-wgrad_mid"])
 def test_a_module_without_wgrad_mid_serves_its_calls_with_wgrad(mid):
     """A library holds wgrad_mid only where its split differs from wgrad's (build.decode_parts):

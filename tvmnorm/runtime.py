@@ -264,6 +264,9 @@ class NormKernel:
         self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
         self._small_rows = small_call_rows(key) if key.stage == "fwd" and "fwd" in self._small else -1
         self._narrow_rows = narrow_rows(key.hidden_size)
+        if key.fp8_out:
+            from .compute.norms import AMAX_ONE_ROWS
+            self._amax_zero, self._amax_one_rows = funcs.get("amax_zero"), AMAX_ONE_ROWS
         if key.stage != "fwd":
             # a backward's arrays by position: the dx kernel takes the signature up to dx, the
             # decode wgrad dy, x and the statistics, finalize the weights' gradients after dx
@@ -325,31 +328,30 @@ class NormKernel:
                 self.forward_for(rows)(*arrays, float(self._default_eps if eps is None else eps))
             return None
         if self.key.stage == "fwd":
-            return self._fwd(dict(zip(self.signature, arrays)), rows, self._default_eps if eps is None else eps)
+            return self._fp8_fwd(arrays, rows, float(self._default_eps if eps is None else eps))
         return self._bwd(arrays, rows)
 
-    def _fwd(self, a, rows, eps):
+    def _fp8_fwd(self, arrays, rows, eps):
+        """The fp8 forward: amax (the signature's last array) is the rows' maxima, which the
+        forward folds into it after amax_zero where the kernels do so (compute.norms.folds_amax),
+        else writes out for the amax kernels after it."""
         launch = rows > 0 or self.kind != "cuda"  # CUDA rejects an empty grid
-        names = [n for n in self.signature if n != "amax"]
-        args = [a[n] for n in names]
+        args, amax = arrays[:-1], arrays[-1]
         fwd = self.forward_for(rows)
-        if self.key.fp8_out and "amax_zero" in self._f:
-            # the forward folds its rows' maxima into amax (compute.norms.folds_amax)
-            self._f["amax_zero"](a["amax"])
+        if self._amax_zero is not None:
+            self._amax_zero(amax)
             if launch:
-                fwd(*args, a["amax"], float(eps))
-        elif self.key.fp8_out:
-            from .compute.norms import AMAX_ONE_ROWS, amax_partials
-            amax_row = _alloc(a["x"], (rows,), "float32")
-            if launch:
-                fwd(*args, amax_row, float(eps))
-            parts = self.parts_for(rows)
-            if rows <= AMAX_ONE_ROWS:
-                parts["amax_one"](amax_row, a["amax"])
-            else:
-                parts["amax"](amax_row, _alloc(a["x"], (amax_partials(rows),), "float32"), a["amax"])
-        elif launch:
-            fwd(*args, float(eps))
+                fwd(*args, amax, eps)
+            return
+        amax_row = _alloc(arrays[0], (rows,), "float32")
+        if launch:
+            fwd(*args, amax_row, eps)
+        parts = self.parts_for(rows)
+        if rows <= self._amax_one_rows:
+            parts["amax_one"](amax_row, amax)
+        else:
+            from .compute.norms import amax_partials
+            parts["amax"](amax_row, _alloc(arrays[0], (amax_partials(rows),), "float32"), amax)
 
     def bwd_plan(self, rows: int) -> tuple:
         """(dx kernel, partial sums' shape, combine's output shape, wgrad kernel) of a backward
