@@ -732,9 +732,9 @@ def bwd_inputs_of(f_in, f_out, dy, norm):
 @pytest.mark.parametrize("rows", ("train", 64))
 @pytest.mark.parametrize("norm,hidden,otype", PDL_CHAINS)
 def test_cuda_library_chains_under_programmatic_dependent_launch(pdl_library, norm, hidden, otype, rows, rng, seed):
-    """On sm_90 a library (or default-cache) kernel that runs after another of the same call (the backward's combine
-    and finalize after its dx, the decode backward's wgrad after its dx, the fp8 forward after
-    amax_zero) is launched with programmatic dependent launch and waits at its entry for the one
+    """On sm_90 a library (or default-cache) kernel that runs after another of the same call (the
+    backward's combine and finalize after its dx, the decode backward's wgrad after its dx, the
+    fp8 forward after amax_zero) is launched with programmatic dependent launch and waits at its entry for the one
     ahead (_tvm.pdl_source). Chained with no synchronisation: a torch copy writes x, our forward
     reads it and writes the statistics, our backward reads them at once, four rounds back to back,
     at training rows (dx, finalize; 65537 rows of 128: dx, combine, finalize) and at 64 (the

@@ -447,6 +447,16 @@ def test_cuda_backward_holds_its_dx_at_shorter_chunks():
     assert small_dx_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
 
 
+class RecordedKernel:
+    """A stand-in for a kernel part: each call appends (its name, its arguments) to ``ran``."""
+
+    def __init__(self, name: str, ran: list):
+        self.name, self.ran = name, ran
+
+    def __call__(self, *args):
+        self.ran.append((self.name, args))
+
+
 def test_cuda_backward_holds_its_decode_backward():
     """Every CUDA backward key's kernels include the decode backward (build.decode_funcs): dx
     without partials (no T) and wgrad split three ways at hidden 2049-4096, two elsewhere, where
@@ -473,16 +483,10 @@ def test_cuda_backward_holds_its_decode_backward():
     assert decode_funcs(NormKey(stage="bwd", hidden_size=8192), "llvm") == {}
     assert DECODE_BWD_NARROW_ROWS > DECODE_BWD_ROWS > WGRAD_MID_ROWS > WGRAD_FEW_ROWS
 
-    class Part:
-        def __init__(self, name, ran):
-            self.name, self.ran = name, ran
-
-        def __call__(self, *args):
-            self.ran.append(self.name)
     for hidden, most in ((4096, DECODE_BWD_ROWS), (DECODE_BWD_NARROW_HIDDEN, DECODE_BWD_NARROW_ROWS)):
         key = NormKey(stage="bwd", hidden_size=hidden)
         ran = []
-        kernel = NormKernel(key, "cuda", {}, True, "test", decode={p: Part(p, ran) for p in DECODE_PARTS})
+        kernel = NormKernel(key, "cuda", {}, True, "test", decode={p: RecordedKernel(p, ran) for p in DECODE_PARTS})
         assert [kernel.decodes(r) for r in (0, 1, most, most + 1)] == [False, True, True, False]
         assert not NormKernel(key, "cuda", {}, True, "test").decodes(1)
         for rows, part in ((1, "wgrad_few"), (WGRAD_FEW_ROWS, "wgrad_few"), (WGRAD_FEW_ROWS + 1, "wgrad_mid"),
@@ -490,7 +494,7 @@ def test_cuda_backward_holds_its_decode_backward():
             ran.clear()
             x = torch.empty(rows, hidden)
             kernel(x, x, torch.empty(rows), torch.empty(hidden), x, torch.empty(hidden))
-            assert ran == ["dx", part], (hidden, rows)
+            assert [name for name, _ in ran] == ["dx", part], (hidden, rows)
 
 
 def test_backward_plans_launch_what_each_row_count_needs_and_stay_bounded(monkeypatch):
@@ -503,25 +507,21 @@ def test_backward_plans_launch_what_each_row_count_needs_and_stay_bounded(monkey
     from tvmnorm import runtime
     from tvmnorm.build import DECODE_PARTS
     from tvmnorm.compute.norms import num_partials
-    ran = []
-
-    class Part:
-        def __init__(self, name):
-            self.name = name
-
-        def __call__(self, *args):
-            ran.append((self.name, [a if a.shape[0] == rows else tuple(a.shape) for a in args]))
+    launched = []
     key = NormKey(norm="layernorm", stage="bwd_add", hidden_size=1024)
-    main = {p: Part(p) for p in ("dx", "combine", "finalize")}
+    main = {p: RecordedKernel(p, launched) for p in ("dx", "combine", "finalize")}
     kernel = runtime.NormKernel(key, "cuda", main, True, "test", chunk_rows=64, narrow={"dx": main["dx"]},
-                                small_dx={8: Part("dx8")}, decode={p: Part(f"decode_{p}") for p in DECODE_PARTS})
+                                small_dx={8: RecordedKernel("dx8", launched)},
+                                decode={p: RecordedKernel(f"decode_{p}", launched) for p in DECODE_PARTS})
     monkeypatch.setattr(runtime, "COMBINE_ABOVE", 350)  # 3000 rows at T = 8: 375 partials, 20000 at 64: 313
     for rows in (5, 3000, 3000, 20000, 20000, 5):
-        ran.clear()
+        launched.clear()
         x = torch.empty(rows, 1024)
         dy, dz, dx = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
         mu, rs, w, dw, db = torch.empty(rows), torch.empty(rows), torch.empty(1024), torch.empty(1024), torch.empty(1024)
         kernel(dy, x, mu, rs, w, dz, dx, dw, db)
+        # the call's own arrays as themselves, the scratch and weight arrays by their shapes
+        ran = [(name, [a if a.shape[0] == rows else tuple(a.shape) for a in args]) for name, args in launched]
         names = [name for name, _ in ran]
         if rows == 5:
             assert names == ["decode_dx", "decode_wgrad_few"]
@@ -551,16 +551,9 @@ def test_fp8_forward_launches_its_amax_kernels_in_order(fold):
     from tvmnorm.compute.norms import AMAX_ONE_ROWS, amax_partials
     from tvmnorm.runtime import NormKernel
     ran = []
-
-    class Part:
-        def __init__(self, name):
-            self.name = name
-
-        def __call__(self, *args):
-            ran.append((self.name, args))
     key = NormKey(norm="layernorm", otype="fp8e4m3", hidden_size=1024)
     parts = ("amax_zero", "fwd") if fold else ("fwd", "amax", "amax_one")
-    kernel = NormKernel(key, "cuda" if fold else "llvm", {p: Part(p) for p in parts}, True, "test")
+    kernel = NormKernel(key, "cuda" if fold else "llvm", {p: RecordedKernel(p, ran) for p in parts}, True, "test")
     for rows in (0, 5, AMAX_ONE_ROWS + 1):
         ran.clear()
         x, y = torch.empty(rows, 1024), torch.empty(rows, 1024)

@@ -641,8 +641,6 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
             try:
                 with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
                     build_cuda_library(scheduled, arch_of(kind), tmp, work, jobs)
-                os.replace(tmp, path)
-                return load_module(str(path))
             except (RuntimeError, OSError) as e:
                 failed.write_text(f"{e}\n")
                 warnings.warn(f"nvcc could not compile the default kernels of {path.stem} "
@@ -650,6 +648,10 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
                               f"(NVRTC, launched without programmatic dependent launch). {failed} holds the "
                               f"error: delete it to try nvcc again, or set TVMNORM_JIT_NVCC=0", RuntimeWarning,
                               stacklevel=2)
+            else:
+                # loaded outside the try: a library nvcc built that does not load is not nvcc's failure
+                os.replace(tmp, path)
+                return load_module(str(path))
         ex = compile_funcs(scheduled, kind)
         ex.export_library(str(tmp))
         os.replace(tmp, path)
