@@ -184,3 +184,18 @@ def test_list_says_whether_a_cuda_library_launches_with_pdl(tmp_path, target, pd
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     header = tvmnorm_cli("list", "--target", target, "--library", str(tmp_path)).splitlines()[0]
     assert header.endswith("sha256=000000000000" + shown), header
+
+
+@pytest.mark.parametrize("cmd", ["build", "tune"])
+@pytest.mark.parametrize("arch,extra,said", [
+    ("sm_86", ["--fp8", "fp8e4m3"], "TVMNORM_CUDA_ARCH is sm_86: fp8 output needs sm_89 or newer"),
+    ("sm_75", [], "TVMNORM_CUDA_ARCH is sm_75: tvmnorm's CUDA kernels need sm_80 or newer")])
+def test_cuda_build_and_tune_stop_where_the_arch_cannot_run_the_keys(tmp_path, cmd, arch, extra, said):
+    """Before any compile (nvcc's errors about undeclared fp8 types would say it far less
+    clearly) and without touching the output or the records."""
+    res = subprocess.run([sys.executable, "-m", "tvmnorm", cmd, "--target", "cuda", "--hidden", "1024", "--stages",
+                          "fwd", *extra, *(["--out", str(tmp_path / "lib")] if cmd == "build" else
+                                           ["--logs", str(tmp_path / "logs"), "--schedules", str(tmp_path / "s")])],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, TVMNORM_CUDA_ARCH=arch))
+    assert res.returncode != 0 and said in res.stderr, res.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

@@ -687,6 +687,24 @@ def test_cuda_library_of_several_translation_units(tmp_path_factory, rows, rng, 
         run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, 4097))
+@pytest.mark.parametrize("arch,key", [
+    ("sm_80", NormKey(norm="layernorm", stage="bwd", hidden_size=1000)),
+    ("sm_80", NormKey(stage="bwd_add", hidden_size=7168)),
+    ("sm_80", NormKey(norm="layernorm", itype="fp16", wtype="fp16", otype="fp16", hidden_size=4095)),
+    ("sm_89", NormKey(otype="fp8e4m3", hidden_size=4096))], ids=lambda v: getattr(v, "name", v))
+def test_cuda_default_kernels_compiled_for_an_older_gpu(arch, key, rows, monkeypatch, rng, seed):
+    """The default kernels compiled for an older GPU (TVMNORM_CUDA_ARCH: an A100's sm_80, without
+    programmatic dependent launch; an L40's sm_89, the first with fp8) run here from their PTX,
+    which the driver compiles for this GPU: the code such a GPU runs, right against float64."""
+    from tvmnorm.targets import target_name
+    monkeypatch.setenv("TVMNORM_CUDA_ARCH", arch)
+    assert target_name("cuda") == f"cuda-{arch}"
+    kernel = KernelCache("cuda")(key)
+    assert kernel.origin == "default", kernel.origin
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 PDL_CHAINS = [("layernorm", 7168, "bf16"), ("rmsnorm", 1024, "bf16"), ("rmsnorm", 128, "bf16"),
               ("layernorm", 4096, "fp8e4m3")]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -754,3 +755,78 @@ def test_cuda_default_cache_falls_back_to_nvrtc_where_nvcc_fails(tmp_path, monke
     assert len(tries) == 1 and "unsupported GNU version" in failed.read_text()
     assert len(said[0]) == 1 and str(failed) in said[0][0] and "TVMNORM_JIT_NVCC=0" in said[0][0]
     assert said[1] == []  # the second lookup: no nvcc, no warning
+
+
+def test_cuda_arch_is_the_gpus_unless_named(monkeypatch):
+    """CUDA kernels compile for TVMNORM_CUDA_ARCH, else this machine's GPU (an sm_90 build does
+    not load on an A100 or an L40), else the H200's sm_90; an arch the kernels cannot run on is
+    a ValueError that names it and where it came from."""
+    from tvmnorm import targets
+    monkeypatch.delenv("TVMNORM_CUDA_ARCH", raising=False)
+    monkeypatch.setattr(targets, "_local_cuda_arch", lambda: None)
+    assert targets.cuda_arch() == "sm_90" == targets.target_spec("cuda")["arch"]
+    monkeypatch.setattr(targets, "_local_cuda_arch", lambda: "sm_86")
+    assert targets.cuda_arch() == "sm_86" == targets.target_spec("cuda")["arch"]
+    assert targets.target_name("cuda") == "cuda-sm_86" and targets.target_spec("cuda", "sm_100a")["arch"] == "sm_100a"
+    with pytest.raises(ValueError, match="this machine's GPU is sm_86: fp8 output needs sm_89 or newer"):
+        targets.cuda_arch(fp8=True)
+    monkeypatch.setenv("TVMNORM_CUDA_ARCH", "sm_89")
+    assert targets.cuda_arch(fp8=True) == "sm_89" == targets.arch_of("cuda")
+    monkeypatch.setattr(targets, "_local_cuda_arch", lambda: "sm_75")
+    assert targets.cuda_arch() == "sm_89"  # the variable wins over the GPU
+    monkeypatch.delenv("TVMNORM_CUDA_ARCH")
+    with pytest.raises(ValueError, match="this machine's GPU is sm_75: tvmnorm's CUDA kernels need sm_80 or newer"):
+        targets.cuda_arch()
+    with pytest.raises(ValueError, match="the CUDA arch asked for is sm_70"):
+        targets.target_spec("cuda", "sm_70")
+    monkeypatch.setenv("TVMNORM_CUDA_ARCH", "ampere")
+    with pytest.raises(ValueError, match="not a CUDA arch: 'ampere'"):
+        targets.cuda_arch()
+
+
+def test_cuda_default_kernels_are_refused_where_the_arch_cannot_run_them(tmp_path, monkeypatch):
+    """An fp8-output key on a GPU older than sm_89: a ValueError from the registry before any
+    compile, no cache entry written, and the next lookup says it again."""
+    from tvmnorm.runtime import Registry
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
+    monkeypatch.setenv("TVMNORM_CUDA_ARCH", "sm_86")
+    reg = Registry()
+    reg.set_library("cuda", None)
+    key = NormKey(hidden_size=1024, otype="fp8e4m3")
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ValueError, match="TVMNORM_CUDA_ARCH is sm_86: fp8 output needs sm_89"):
+                reg.get(key, "cuda")
+    assert not any(tmp_path.rglob("*.so"))
+
+
+def test_cuda_default_cache_compiles_for_the_gpu_it_serves(tmp_path, monkeypatch):
+    """On an A100 (here TVMNORM_CUDA_ARCH=sm_80) the default kernels are nvcc's sm_80 SASS and
+    compute_80 PTX, in a cache entry of that arch, launched without programmatic dependent launch
+    (sm_90's). test_gpu_core runs such kernels on the H200 from their PTX."""
+    import tvmnorm.cuda_aot as cuda_aot
+    from tvmnorm.runtime import Registry, cache_dir
+    if not has_nvcc():
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
+    monkeypatch.setenv("TVMNORM_CUDA_ARCH", "sm_80")
+    run, commands, sources = cuda_aot._run, [], []
+
+    def recorded_run(cmd):
+        commands.append(" ".join(cmd))
+        sources.extend(pathlib.Path(a).read_text() for a in cmd if a.endswith(".cu"))
+        return run(cmd)
+    monkeypatch.setattr(cuda_aot, "_run", recorded_run)
+    reg = Registry()
+    reg.set_library("cuda", None)
+    key = NormKey(stage="bwd", hidden_size=1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = reg.get(key, "cuda")
+    assert (cache_dir() / "cuda-sm_80" / f"{key.name}.so").exists() and "dx" in kernel._narrow
+    compiles = [c for c in commands if ".cu " in c]  # one unit or several, each .cu is compiled once
+    assert compiles and all("arch=compute_80,code=sm_80" in c and "arch=compute_80,code=compute_80" in c
+                            for c in compiles)
+    assert sources and not any("griddepcontrol" in s or "ProgrammaticStreamSerialization" in s for s in sources)
+    assert not any(p.name.startswith("cuda-sm_90") for p in cache_dir().iterdir())

@@ -68,6 +68,17 @@ def keys_from_args(args) -> list:
     return list(dict.fromkeys(keys))
 
 
+def check_arch(keys, target: str) -> None:
+    """Stops before any compile, naming the arch, where this GPU (or TVMNORM_CUDA_ARCH) cannot
+    run ``keys``' CUDA kernels: nvcc's errors would say it far less clearly."""
+    if target == "cuda":
+        from .targets import cuda_arch
+        try:
+            cuda_arch(fp8=any(k.fp8_out for k in keys))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+
+
 def _records_for(kind, root=None):
     from .tune import load_records
     return load_records(kind, root)
@@ -83,6 +94,7 @@ def cmd_build(args):
     out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
+    check_arch(keys, args.target)
     build_library(keys, args.target, out, records=records, jobs=args.jobs)
 
 
@@ -111,7 +123,9 @@ def cmd_list(args):
 
 def cmd_tune(args):
     from .tune import tune_main
-    tune_main(args, keys_from_args(args))
+    keys = keys_from_args(args)
+    check_arch(keys, args.target)
+    tune_main(args, keys)
 
 
 def cmd_bench(args):

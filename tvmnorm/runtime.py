@@ -34,7 +34,7 @@ from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECO
                     chunk_rows_of, compile_funcs, decode_prefix, file_sha256, key_funcs, narrow_prefix,
                     scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
-from .targets import KINDS, arch_of, target_name
+from .targets import KINDS, arch_of, cuda_arch, target_name
 
 FALLBACK_MESSAGE = ("Falling back to general normalization kernel because no tuned kernel is available "
                     "for this config. {}")
@@ -601,6 +601,8 @@ class Registry:
         entry on the first such call; a cache entry that holds them (scripts/warm_cache.py
         builds every kernel of key_funcs) serves them at once."""
         from .compute.norms import parts_of
+        if kind == "cuda":
+            cuda_arch(fp8=key.fp8_out)  # a clear error, not nvcc's, where this GPU cannot run the key
         path = cache_dir() / target_name(kind) / f"{key.name}.so"
         # part -> symbol of the int64 row kernels left to compile_wide
         row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})

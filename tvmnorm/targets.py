@@ -3,11 +3,12 @@
 Where CUDA code is compiled (decided on purpose):
 - ``tvmnorm build --target cuda`` compiles the library ahead of time: TVM emits one ``.cu`` with
   the kernels and tvm-ffi host wrappers (the ``cuda_host`` path), and ``nvcc -shared`` turns it
-  into a ``.so`` with sm_90 SASS plus compute_90 PTX. Loading it needs only ``tvm_ffi``: no
-  NVRTC, no compiler at run time, no per-process compile delay.
-- The default-schedule fallback is compiled just in time in the process that needs it
-  (``tvm.compile``; NVRTC compiles the CUDA source when the module is first loaded) and the
-  result is cached on disk, so the cost is paid once per key and machine.
+  into a ``.so`` with SASS plus PTX of the arch (cuda_arch: this machine's GPU's, sm_90 on a
+  machine without one). Loading it needs only ``tvm_ffi``: no NVRTC, no compiler at run time, no
+  per-process compile delay.
+- The default-schedule fallback is compiled just in time in the process that needs it (by nvcc
+  as a library is, or by ``tvm.compile`` for NVRTC: runtime._cached_module) for this machine's
+  GPU, and the result is cached on disk per arch, so the cost is paid once per key and machine.
 """
 from __future__ import annotations
 
@@ -27,7 +28,48 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-CUDA_ARCH = os.environ.get("TVMNORM_CUDA_ARCH", "sm_90")
+# The arch a machine without a GPU compiles CUDA kernels for: the H200's, which the committed
+# records (schedules/cuda-sm_90.json) were tuned on.
+DEFAULT_CUDA_ARCH = "sm_90"
+# The oldest GPUs the kernels compile for: the schedules copy rows by cp.async and load them under
+# L2 cache-policy hints (createpolicy), both sm_80's; below it TVM's lowering of the dx fails.
+MIN_CUDA_ARCH = 80
+# TVM's CUDA code declares the fp8 types only from sm_89 (__CUDA_ARCH__ >= 890), so an fp8-output
+# kernel for an older GPU does not compile.
+FP8_MIN_ARCH = 89
+
+
+def checked_cuda_arch(arch: str, what: str, fp8: bool = False) -> str:
+    """``arch`` if tvmnorm's CUDA kernels (of an fp8-output key, with ``fp8``) compile for it,
+    else a ValueError that names ``what`` asked for it."""
+    from ._tvm import arch_number
+    n = arch_number(arch)
+    if n < MIN_CUDA_ARCH:
+        raise ValueError(f"{what} is {arch}: tvmnorm's CUDA kernels need sm_{MIN_CUDA_ARCH} or newer "
+                         f"(cp.async and L2 cache hints)")
+    if fp8 and n < FP8_MIN_ARCH:
+        raise ValueError(f"{what} is {arch}: fp8 output needs sm_{FP8_MIN_ARCH} or newer "
+                         f"(TVM's CUDA code has no fp8 types below it)")
+    return arch
+
+
+@functools.lru_cache(maxsize=None)
+def _local_cuda_arch() -> str | None:
+    from ._tvm import cuda_device_arch
+    return cuda_device_arch()
+
+
+def cuda_arch(fp8: bool = False) -> str:
+    """The arch CUDA kernels are compiled for: TVMNORM_CUDA_ARCH where set, else this machine's
+    first GPU's (the default-kernel cache and a library built here then run on it: an sm_90
+    build does not load on an A100 or an L40), else DEFAULT_CUDA_ARCH. The GPU is asked once a
+    process, when a CUDA kernel or target is first wanted, not at import. ValueError where the
+    kernels (with ``fp8``, an fp8-output key's) do not compile for that arch."""
+    env = os.environ.get("TVMNORM_CUDA_ARCH")
+    if env:
+        return checked_cuda_arch(env, "TVMNORM_CUDA_ARCH", fp8)
+    local = _local_cuda_arch()
+    return checked_cuda_arch(local, "this machine's GPU", fp8) if local else DEFAULT_CUDA_ARCH
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,12 +85,13 @@ def target_spec(kind: str, arch: str | None = None) -> dict:
     if kind == "llvm":
         return {"kind": "llvm", "mcpu": arch or host_cpu(), "num-cores": max(1, os.cpu_count() or 1)}
     if kind == "cuda":
-        return {"tag": "nvidia/nvidia-h100", "arch": arch or CUDA_ARCH}
+        return {"tag": "nvidia/nvidia-h100", "arch": checked_cuda_arch(arch, "the CUDA arch asked for") if arch
+                else cuda_arch()}
     raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
 
 
 def arch_of(kind: str, arch: str | None = None) -> str:
-    return arch or (host_cpu() if kind == "llvm" else CUDA_ARCH)
+    return arch or (host_cpu() if kind == "llvm" else cuda_arch())
 
 
 def target_name(kind: str, arch: str | None = None) -> str:
