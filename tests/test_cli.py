@@ -199,3 +199,23 @@ def test_cuda_build_and_tune_stop_where_the_arch_cannot_run_the_keys(tmp_path, c
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, TVMNORM_CUDA_ARCH=arch))
     assert res.returncode != 0 and said in res.stderr, res.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cuda_build_for_another_gpu(tmp_path):
+    """`tvmnorm build --target cuda --arch sm_80` on any machine: a library whose manifest says
+    sm_80, compiled by nvcc for it (an A100's library built on a box without one); an arch the
+    kernels cannot run on stops with its name, and --arch with llvm is refused."""
+    if not has_nvcc():
+        pytest.skip("nvcc not installed")
+    out = tmp_path / "lib"
+    tvmnorm_cli("build", "--target", "cuda", "--arch", "sm_80", "--hidden", "1024", "--norms", "rmsnorm",
+                "--stages", "fwd", "--out", str(out))
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["arch"] == "sm_80" and manifest["target_spec"]["arch"] == "sm_80" and not manifest["pdl"]
+    assert b"sm_80" in (out / LIBRARY).read_bytes()
+    for args, said in ((["--target", "cuda", "--arch", "sm_70"], "--arch is sm_70: tvmnorm's CUDA kernels need sm_80"),
+                       (["--target", "llvm", "--arch", "sm_80"], "--arch is a CUDA GPU's")):
+        res = subprocess.run([sys.executable, "-m", "tvmnorm", "build", *args, "--hidden", "1024", "--stages", "fwd",
+                              "--out", str(tmp_path / "no")], capture_output=True, text=True, timeout=600)
+        assert res.returncode != 0 and said in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "no").exists()

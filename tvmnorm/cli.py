@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
@@ -87,14 +88,26 @@ def _records_for(kind, root=None):
 def cmd_build(args):
     from .build import build_library
     from .runtime import DEFAULT_LIBRARY_ROOT
+    if args.arch:
+        if args.target != "cuda":
+            raise SystemExit(f"--arch is a CUDA GPU's (sm_80, sm_90, ...); --target is {args.target}")
+        from .targets import checked_cuda_arch
+        try:
+            checked_cuda_arch(args.arch, "--arch")
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        # the variable, not an argument threaded through: the records' file, the build and the
+        # manifest all follow it, as they do when a user sets it
+        os.environ["TVMNORM_CUDA_ARCH"] = args.arch
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     keys = keys_from_args(args)
+    check_arch(keys, args.target)
     records = {} if args.no_tuned else _records_for(args.target, args.schedules)
     if args.tuned_only:
         keys = [NormKey.unpack(p) for p in records]
+        check_arch(keys, args.target)
     out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
-    if args.jobs is not None and args.jobs < 1:
-        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
-    check_arch(keys, args.target)
     build_library(keys, args.target, out, records=records, jobs=args.jobs)
 
 
@@ -179,6 +192,9 @@ def main(argv=None):
                    help="directory of <target-arch>.json records (default: the committed schedules/)")
     p.add_argument("--jobs", type=int, default=None,
                    help="CUDA: nvcc processes at once, one .cu each (default: the usable cores)")
+    p.add_argument("--arch", default=None,
+                   help="CUDA: the GPU to build for, e.g. sm_80 (default: $TVMNORM_CUDA_ARCH, else this "
+                        "machine's GPU, else sm_90); its records are schedules/cuda-<arch>.json")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("list", help="list the keys in a library")
