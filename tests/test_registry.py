@@ -12,6 +12,7 @@ import threading
 import warnings
 
 import pytest
+import torch
 
 from conftest import call, check_outputs, has_nvcc, make_inputs
 from tvmnorm.build import LIBRARY, MANIFEST, build_library, file_sha256
@@ -830,3 +831,30 @@ def test_cuda_default_cache_compiles_for_the_gpu_it_serves(tmp_path, monkeypatch
                             for c in compiles)
     assert sources and not any("griddepcontrol" in s or "ProgrammaticStreamSerialization" in s for s in sources)
     assert not any(p.name.startswith("cuda-sm_90") for p in cache_dir().iterdir())
+
+
+@pytest.mark.parametrize("rows", (1, 70))
+@pytest.mark.parametrize("key", [NormKey(stage="bwd_add", hidden_size=1000),
+                                 NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32",
+                                         hidden_size=96, zero_centered_gamma=True),
+                                 NormKey(hidden_size=128, otype="fp8e4m3"), NormKey(norm="layernorm", hidden_size=4095)],
+                         ids=lambda k: k.name)
+def test_strided_rows_kernels_match_float64(key, rows, rng, seed, tmp_path, monkeypatch):
+    """get_kernel(..., strided=True) on llvm: x the middle of NaN-padded wider rows at an odd
+    offset and stride, every output right against float64 (a read past a row's end would
+    bring a NaN in), from a cache entry of its own beside the compact kernels'."""
+    from tvmnorm.runtime import Registry, cache_dir
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
+    inputs = make_inputs(key, rows, rng)
+    h, x = key.hidden_size, inputs["x"]
+    wide = torch.full((rows, h + 7), float("nan"), dtype=x.dtype)
+    wide[:, 3:3 + h] = x
+    inputs["x"] = wide[:, 3:3 + h]
+    reg = Registry()
+    reg.set_library("llvm", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = reg.get(key, "llvm", strided=True)
+    assert kernel.origin == "default:strided" and reg.get(key, "llvm", strided=True) is kernel
+    check_outputs(key, inputs, call(kernel, inputs, rows), f"strided {key.name} rows={rows} seed={seed}")
+    assert any(p.name == f"{key.name}.strided.so" for p in cache_dir().rglob("*.so"))

@@ -276,18 +276,37 @@ def test_zero_copy_layer_norm_no_grad(monkeypatch, gen):
     assert ptrs[:4] == [x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr()]
 
 
-def test_strided_rows_rejected_with_stride(gen):
-    qkv = rand(gen, (2, 5, 3 * 128))
-    q = qkv[..., :128]  # q split out of a fused qkv: rows of 128 with stride 384
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("hidden,width,offset,lead", [(128, 384, 0, (2, 5)), (1000, 1003, 3, (7,)),
+                                                      (4095, 4100, 5, (3,)), (96, 288, 96, (3, 4, 2))])
+def test_strided_rows_match_float64(norm, dtype, hidden, width, offset, lead, gen):
+    """x[..., offset:offset + hidden] of a wider tensor (q sliced out of a fused qkv; odd strides
+    and offsets on the CPU): the forward and the backward run the kernels for strided rows on x
+    itself, and y, dx, dweight (and dbias) are right against float64."""
+    big = rand(gen, (*lead, width), dtype, offset=2.0)
+    x = big[..., offset:offset + hidden].requires_grad_()
+    assert not x.is_contiguous() and _host.row_stride(x, hidden) == width
+    w, b = rand(gen, (hidden,), dtype, requires_grad=True), rand(gen, (hidden,), dtype, requires_grad=True)
+    check_fwd_bwd(norm, x, w, b if norm == "layernorm" else None, 1e-5, gen)
+    used = [k for tag, k in _host._KERNELS.items() if tag[-1] and tag[5] == hidden and tag[2] == dtype]
+    assert {k.key.stage for k in used} == {"fwd", "bwd"} and all(k.origin == "default:strided" for k in used)
+
+
+def test_strided_rows_that_are_no_rows_view_rejected(gen):
+    """Layouts with no [rows, hidden] view: per-head q of a fused qkv (rows not one stride
+    apart), a transpose (columns not adjacent), a 1-D slice with a step; each names its strides."""
     w = torch.ones(128)
-    with pytest.raises(ValueError, match=r"stride 384 .*hidden size 128"):
-        tn.rms_norm(q, w)
-    with pytest.raises(ValueError, match=r"stride 384"):
-        tn.layer_norm(q, w, None)
-    with pytest.raises(ValueError, match="row-contiguous"):
-        tn.rms_norm(rand(gen, (128, 6)).t(), w)
+    qkv = rand(gen, (5, 3 * 4 * 128))
+    heads = qkv[:, :4 * 128].view(5, 4, 128)[:, :3]  # 3 of 4 heads: rows 128 apart within a token, 1536 across
+    with pytest.raises(ValueError, match=r"viewable as \[rows, 128\].*strides \(1536, 128, 1\)"):
+        tn.rms_norm(heads, w)
+    with pytest.raises(ValueError, match=r"strides \(1, 6\)"):
+        tn.layer_norm(rand(gen, (128, 6)).t(), w, None)
+    with pytest.raises(ValueError, match=r"viewable as \[rows, 128\]"):
+        tn.rms_norm(rand(gen, (256,))[::2], w)
     # the explicit copy the message suggests works
-    torch.testing.assert_close(tn.rms_norm(q.contiguous(), w), F.rms_norm(q, (128,), w, 1e-6))
+    torch.testing.assert_close(tn.rms_norm(heads.contiguous(), w), F.rms_norm(heads, (128,), w, 1e-6))
 
 
 def test_strided_weight_and_grad_are_fine(gen):
@@ -397,8 +416,9 @@ def fp8_reference(norm, x, w, b, scale, fp8_dtype, eps):
 
 @pytest.mark.parametrize("fp8_dtype", (torch.float8_e4m3fn, torch.float8_e5m2), ids=("e4m3", "e5m2"))
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
-def test_fp8_output(norm, fp8_dtype, gen):
-    x = rand(gen, (3, 4, 128), torch.bfloat16, offset=1.0)
+@pytest.mark.parametrize("strided", (False, True), ids=("compact", "strided"))
+def test_fp8_output(norm, fp8_dtype, strided, gen):
+    x = rand(gen, (3, 4, 128 + 40 * strided), torch.bfloat16, offset=1.0)[..., 40 * strided:]  # strided: rows 168 apart
     w = (1 + 0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16)
     b = (0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16)
     scale = torch.tensor([3.0])

@@ -163,6 +163,41 @@ def test_alignment_cuda(gen):
     torch.testing.assert_close(tn.rms_norm(x.clone(), wflat[1:]), F.rms_norm(x, (128,), wflat[1:], 1e-6))
 
 
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("dtype,hidden,width,offset,lead", [
+    (torch.bfloat16, 128, 384, 0, (2, 5)), (torch.bfloat16, 1000, 1008, 8, (7,)),
+    (torch.bfloat16, 4096, 3 * 4096, 4096, (2, 33)), (torch.bfloat16, 7168, 7168 + 64, 0, (4097,)),
+    (torch.float32, 1000, 1004, 4, (3, 700)), (torch.float16, 4095, 4100, 0, (64,))],
+    ids=["bf16-128-qkv", "bf16-1000", "bf16-4096-qkv", "bf16-7168-4097rows", "fp32-1000", "fp16-4095"])
+def test_strided_rows_cuda(norm, dtype, hidden, width, offset, lead, gen):
+    """x[..., offset:offset + hidden] of a wider tensor on the GPU: the kernels for strided rows
+    (their vector loads written as PTX loads, _tvm.STRIDED_ROWS), right against float64 at
+    decode and training rows (the backward's decode pair, its dx at T = 8, its own T)."""
+    x = rand(gen, (*lead, width), dtype, offset=2.0, device=DEV)[..., offset:offset + hidden].requires_grad_()
+    assert not x.is_contiguous()
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(DEV, dtype).requires_grad_()
+    b = (0.5 * torch.randn(hidden, generator=gen)).to(DEV, dtype).requires_grad_() if norm == "layernorm" else None
+    check_fwd_bwd(norm, x, w, b, 1e-5, gen)
+
+
+def test_strided_rows_misaligned_cuda(gen):
+    """Rows whose stride breaks the vector loads' alignment are refused with the stride named."""
+    w = torch.ones(1000, device=DEV, dtype=torch.bfloat16)
+    x = rand(gen, (4, 1003), torch.bfloat16, device=DEV)[:, :1000]
+    with pytest.raises(ValueError, match="rows are 1003 elements .2006 bytes. apart, not a multiple of 16 bytes"):
+        tn.rms_norm(x, w)
+    torch.testing.assert_close(tn.rms_norm(x.contiguous(), w), F.rms_norm(x, (1000,), w, 1e-6))
+
+
+def test_strided_rows_fp8_cuda(gen):
+    x = rand(gen, (3, 4, 4096 + 512), torch.bfloat16, offset=1.0, device=DEV)[..., 256:256 + 4096]
+    w = (1 + 0.5 * torch.randn(4096, generator=gen)).to(DEV, torch.bfloat16)
+    y8, amax = tn.rms_norm_fp8(x, w, torch.tensor([3.0], device=DEV), 1e-6, fp8_dtype=torch.float8_e4m3fn)
+    q, amax_ref = fp8_reference("rmsnorm", x.cpu(), w.cpu(), None, 3.0, torch.float8_e4m3fn, 1e-6)
+    assert_close("amax", amax.cpu(), amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+    assert (y8.cpu().double() == q.double()).float().mean() > 0.95
+
+
 def test_device_mismatch_cuda():
     x = torch.randn(4, 128, device=DEV)
     with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cpu"):

@@ -462,6 +462,8 @@ def _stream_store(store, row_buffers, mode: int, last_read: bool = False):
         return tirx.SeqStmt([declared, tirx.Evaluate(ptx[f"st.global.cs.{vec}"](addr, *words))])
     if mode in (1, 2):
         return tirx.SeqStmt([declared, tirx.Evaluate(ptx[f"ld.global.cs.{vec}"](*words, addr))])
+    if mode == 0:  # _strided_rows: no hint, only an address the CUDA code generator need not prove aligned
+        return tirx.SeqStmt([declared, tirx.Evaluate(ptx[f"ld.global.{vec}"](*words, addr))])
     # a policy register a load, as Triton writes it: ptxas makes one of them
     policy = tirx.decl_buffer((1,), "uint64", name="row_policy", scope="local")
     held = tirx.BufferLoad(policy, [0])
@@ -517,6 +519,24 @@ def _stream_loads(func, _mod, _ctx):
         body = tvm_ffi.structural_map(body, [(tirx.SeqStmt, lambda seq: _last_reads(seq, rows))])
     return func.with_body(tvm_ffi.structural_map(body, [(tirx.BufferStore,
                                                          lambda st: _stream_store(st, rows, mode))]))
+
+
+# A function whose x is a buffer of symbolic row stride (build.with_strided_rows): TVM's CUDA
+# code generator writes a vector load as one only where it proves the address a multiple of the
+# vector, which i * x_row_stride + j is not, and otherwise builds the vector element by element
+# (and fails: it has no name for a bf16 vector). The call checks the stride instead (the torch
+# layer: a row's bytes a multiple of the widest vector), so these loads are written as PTX loads.
+STRIDED_ROWS = "tvmnorm.strided_rows"
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StridedRows")
+def _strided_rows(func, _mod, _ctx):
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if func.attrs is None or STRIDED_ROWS not in func.attrs or target is None or target.kind.name != "cuda":
+        return func
+    rows = [b for b in _accessed_buffers(func.body) if b.scope() == "global" and b.name == "x"]
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.BufferStore,
+                                                              lambda st: _stream_store(st, rows, 0))]))
 
 
 def _row_buffers(func, body) -> list:
@@ -995,7 +1015,7 @@ def _install_unroll_by():
         # the copies re-declare the body's buffers (and loop variables): ConvertSSA gives each
         # copy its own
         # the guards first: a whole block's copy (_full_chunks) drops them with the others
-        return tvm.transform.Sequential([_stream_loads, _guard_reduction_stores, _amax_fold, _stats_first,
+        return tvm.transform.Sequential([_stream_loads, _strided_rows, _guard_reduction_stores, _amax_fold, _stats_first,
                                          _hoist_sum_inits, _full_chunks, _unroll_annotated,
                                          tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")

@@ -47,8 +47,35 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
+# The operand whose rows may be strided (strided=True below): x, which a caller may hand over as a
+# slice of a wider tensor (x[..., :hidden] of [..., width]). The kernels' other row operands are
+# outputs they allocate, or dy, which the torch layer makes compact (autograd's layouts vary).
+STRIDED_OPERAND = "x"
+
+
+def with_strided_rows(func):
+    """``func`` with its STRIDED_OPERAND parameter a buffer of row stride ``x_row_stride`` (a
+    variable the call binds from the tensor's strides) instead of a compact one, so that one
+    kernel reads rows at any stride; the body's accesses are unchanged (x[i, j] then flattens to
+    i * x_row_stride + j). Marked _tvm.STRIDED_ROWS, whose pass loads those rows on CUDA. A
+    function without that operand comes back as it is."""
+    from ._tvm import STRIDED_ROWS, PrimFunc, tirx, tvm_ffi
+    old = next((b for b in func.params if b.name == STRIDED_OPERAND), None)
+    if old is None:
+        return func
+    # each stride in its dimension's index dtype, as the call's argument check binds them (int32
+    # rows in the int32-row kernels, int64 columns in the CUDA kernels of int64 rows)
+    rows, hidden = old.shape
+    stride = tirx.Var(f"{STRIDED_OPERAND}_row_stride", str(rows.ty))
+    new = tirx.decl_buffer(old.shape, old.dtype, STRIDED_OPERAND, strides=[stride, tirx.const(1, str(hidden.ty))])
+    body = tvm_ffi.structural_map(func.body, [(type(old), lambda v: new if v.same_as(old) else v)])
+    return PrimFunc([new if b.same_as(old) else b for b in func.params], body, func.ret_type,
+                    func.attrs).with_attr(STRIDED_ROWS, 1)
+
+
 def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None,
-                    row_bits: int = 64, parts=None, prefix: str | None = None, group_rows: int = 1) -> dict:
+                    row_bits: int = 64, parts=None, prefix: str | None = None, group_rows: int = 1,
+                    strided: bool = False) -> dict:
     """symbol -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
     (its trace replayed on the symbolic-row function) and the default rule otherwise.
     ``row_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
@@ -58,7 +85,8 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     ``group_rows`` is the dx kernel's rows per row reduction (compute.norms._group_sums; a probe
     variant, no record has it). A forward that compute.norms.folds_amax carries _tvm.AMAX_FOLD
     (its amax_row output becomes amax[1]): the tuner's candidates alone keep amax_row; one that
-    compute.norms.stores_stats_first carries _tvm.STATS_FIRST."""
+    compute.norms.stores_stats_first carries _tvm.STATS_FIRST. ``strided``: x's rows at any
+    stride (with_strided_rows; the default rule's schedules, never a record's traces)."""
     from . import compute
     from ._tvm import AMAX_FOLD, STATS_FIRST, Schedule, Trace
     from .compute.norms import folds_amax, stores_stats_first
@@ -71,7 +99,9 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
                                            group_rows=group_rows).items():
         if parts is not None and part not in parts:
             continue
-        trace = (record or {}).get("parts", {}).get(part)
+        if strided:
+            func = with_strided_rows(func)
+        trace = None if strided else (record or {}).get("parts", {}).get(part)
         if part in ("fwd", "dx") and row_config is not None:
             rows_rule = schedule_rows_cuda if kind == "cuda" else schedule_rows_cpu
             sch = rows_rule(func.with_attr("global_symbol", "main"), row_config)
@@ -127,20 +157,22 @@ def small_call_symbol(key: NormKey) -> str:
     return f"{small_call_prefix(key)}_fwd"
 
 
-def key_funcs(key: NormKey, kind: str, record: dict | None = None) -> dict:
+def key_funcs(key: NormKey, kind: str, record: dict | None = None, strided: bool = False) -> dict:
     """Every kernel a library (or the default-kernel cache) holds for a key: its parts, the
     int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward (and one
     whose small-call rule differs, has_own_small_call) the small-call kernel
     (small_call_funcs), and for a CUDA backward its dx at shorter chunks (small_dx_funcs) and
-    its decode backward (decode_funcs)."""
-    funcs = scheduled_funcs(key, kind, record)
+    its decode backward (decode_funcs). ``strided``: the same set, default-scheduled, with x's
+    rows at any stride (with_strided_rows), under the same symbols (a module of their own)."""
+    record = None if strided else record
+    funcs = scheduled_funcs(key, kind, record, strided=strided)
     if kind == "cuda":
         funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
-                                     prefix=narrow_prefix(key)))
-        funcs.update(small_dx_funcs(key, kind))
-        funcs.update(decode_funcs(key, kind))
+                                     prefix=narrow_prefix(key), strided=strided))
+        funcs.update(small_dx_funcs(key, kind, strided))
+        funcs.update(decode_funcs(key, kind, strided))
     if key.stage == "fwd" and (record or has_own_small_call(key, kind)):
-        funcs.update(small_call_funcs(key, kind))
+        funcs.update(small_call_funcs(key, kind, strided))
     return funcs
 
 
@@ -178,7 +210,7 @@ def decode_prefix(key: NormKey) -> str:
     return f"{key.name}_decode"
 
 
-def decode_funcs(key: NormKey, kind: str) -> dict:
+def decode_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
     """The decode backward of a CUDA backward key (compute.norms.decode_funcs: dx without
     partials, then wgrad's column sums of dy and x, split two or three ways), default-scheduled,
     int32 rows, under ``<key>_decode_<part>`` for each of decode_parts; the runtime runs it for
@@ -191,12 +223,13 @@ def decode_funcs(key: NormKey, kind: str) -> dict:
     out = {}
     for part, func in decode_computes(key, kind, decode_parts(key), rows=symbolic_rows(32),
                                       prefix=decode_prefix(key)).items():
+        func = with_strided_rows(func) if strided else func
         out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func,
                            *pdl_marks(key, kind, part)))
     return out
 
 
-def small_dx_funcs(key: NormKey, kind: str) -> dict:
+def small_dx_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
     """The default rule's dx kernel of a CUDA backward key at each T of SMALL_DX_CHUNK_ROWS,
     under ``<key>_small<T>_dx``, with an int32 row count (the calls they serve are small; a
     larger one that needs int64 offsets keeps the key's own T)."""
@@ -205,12 +238,12 @@ def small_dx_funcs(key: NormKey, kind: str) -> dict:
     out = {}
     for t in SMALL_DX_CHUNK_ROWS:
         funcs = scheduled_funcs(key, kind, {"rows_per_partial": t}, row_bits=32, parts=("dx",),
-                                prefix=small_dx_prefix(key, t))
+                                prefix=small_dx_prefix(key, t), strided=strided)
         out[small_dx_symbol(key, t)] = funcs[small_dx_symbol(key, t)]
     return out
 
 
-def small_call_funcs(key: NormKey, kind: str) -> dict:
+def small_call_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
     """The small-call forward kernel of a key, under the symbol ``<key>_small_fwd``: a library
     (and the default-kernel cache) serves calls of at most runtime.SMALL_CALL_BYTES of x with it
     (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). The default rule's
@@ -219,7 +252,7 @@ def small_call_funcs(key: NormKey, kind: str) -> dict:
     from .sched.default import small_call_cuda_heuristic
     cfg = small_call_cuda_heuristic(key.hidden_size, DTYPE_BYTES[key.itype]) if kind == "cuda" else None
     funcs = scheduled_funcs(key, kind, row_config=cfg, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
-                            prefix=small_call_prefix(key))
+                            prefix=small_call_prefix(key), strided=strided)
     return {small_call_symbol(key): funcs[small_call_symbol(key)]}
 
 

@@ -575,15 +575,21 @@ class Registry:
             self._libraries[kind] = lib
             self._kernels = {k: v for k, v in self._kernels.items() if k[1] != kind}
 
-    def get(self, key: NormKey, kind: str) -> NormKernel:
+    def get(self, key: NormKey, kind: str, strided: bool = False) -> NormKernel:
+        """``strided``: the kernels whose x rows may lie at any stride (build.with_strided_rows),
+        always the default schedule's, from the default-kernel cache (a library holds compact
+        rows' kernels alone)."""
         if not isinstance(key, NormKey):
             raise TypeError(f"key must be a NormKey, got {type(key).__name__}")
         if kind not in KINDS:
             raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
         with self._lock:
-            hit = self._kernels.get((key, kind))
+            hit = self._kernels.get((key, kind, strided))
             if hit is not None:
                 return hit
+            if strided:
+                kernel = self._kernels[(key, kind, strided)] = self._default(key, kind, strided=True)
+                return kernel
             lib = self.library(kind)
             kernel = lib.kernel(key) if lib is not None else None
             if kernel is None:
@@ -591,10 +597,10 @@ class Registry:
                     self._warned.add((key, kind))
                     warnings.warn(FALLBACK_MESSAGE.format(key.describe()), FallbackWarning, stacklevel=3)
                 kernel = self._default(key, kind)
-            self._kernels[(key, kind)] = kernel
+            self._kernels[(key, kind, strided)] = kernel
             return kernel
 
-    def _default(self, key, kind):
+    def _default(self, key, kind, strided: bool = False):
         """The default schedule's kernels of a key, from the disk cache or compiled into it. On
         CUDA the int64 row kernels, which only calls past int32 offsets run, are left out of the
         first compile (half the row-kernel code for the JIT) and compiled into their own cache
@@ -603,17 +609,18 @@ class Registry:
         from .compute.norms import parts_of
         if kind == "cuda":
             cuda_arch(fp8=key.fp8_out)  # a clear error, not nvcc's, where this GPU cannot run the key
-        path = cache_dir() / target_name(kind) / f"{key.name}.so"
+        name = f"{key.name}.strided" if strided else key.name
+        path = cache_dir() / target_name(kind) / f"{name}.so"
         # part -> symbol of the int64 row kernels left to compile_wide
         row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})
-        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind).items()
+        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind, strided=strided).items()
                                                   if s not in row.values()})
 
         def compile_wide():
-            wmod = _cached_module(path.with_name(f"{key.name}.wide.so"), kind,
-                                  lambda: scheduled_funcs(key, kind, parts=row))
+            wmod = _cached_module(path.with_name(f"{name}.wide.so"), kind,
+                                  lambda: scheduled_funcs(key, kind, parts=row, strided=strided))
             return {p: wmod[s] for p, s in row.items()}
-        return _kernel_from_module(key, kind, mod, False, "default",
+        return _kernel_from_module(key, kind, mod, False, "default:strided" if strided else "default",
                                    wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide)
 
 
@@ -663,6 +670,7 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
 REGISTRY = Registry()
 
 
-def get_kernel(key: NormKey, target: str = "llvm") -> NormKernel:
-    """The tuned kernel for ``key`` on ``target`` ("llvm" or "cuda"), or the default one."""
-    return REGISTRY.get(key, target)
+def get_kernel(key: NormKey, target: str = "llvm", strided: bool = False) -> NormKernel:
+    """The tuned kernel for ``key`` on ``target`` ("llvm" or "cuda"), or the default one;
+    ``strided``: the default one whose x rows may lie at any stride (Registry.get)."""
+    return REGISTRY.get(key, target, strided)

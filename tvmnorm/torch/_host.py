@@ -10,9 +10,12 @@ What crosses into TVM, and why it is zero-copy:
 - ``x`` is viewed as ``[rows, hidden]`` (``Tensor.view``, never ``.contiguous()``) and handed to
   the kernel as is; tvm-ffi wraps torch tensors through torch's DLPack exchange API without a
   copy. Outputs (y, mu, rsigma, dx, dgamma, dbeta, amax) are allocated here by torch.
-- The kernels need compact rows (row stride == hidden). A view whose rows are padded, such as q
-  split out of a fused qkv projection, is rejected with a ``ValueError`` naming the stride,
-  rather than silently copied.
+- x's rows may lie at any stride: a view whose rows are padded, such as x[..., :hidden] of a
+  wider tensor, runs the kernels built for strided rows (``get_kernel(..., strided=True)``: the
+  default schedule's, JIT-compiled once a key), still without a copy. A layout that is no
+  ``[rows, hidden]`` view at all (columns not adjacent, or rows that are not one stride apart,
+  such as per-head q split out of a fused qkv) is rejected with a ``ValueError`` that names the
+  strides, rather than silently copied.
 - gamma/beta are ``[hidden]`` and cheap, so a strided or misaligned weight is copied (it is one
   row, not an activation). The same holds for ``dy`` in the backward: autograd hands over
   whatever layout the next op produced (``y.sum().backward()`` gives a stride-0 expand), and the
@@ -34,22 +37,23 @@ _FP8 = {torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}
 _NAMES = ", ".join(str(d) for d in (*_FLOAT, *_FP8))
 HALF = (torch.float32, torch.float16, torch.bfloat16)
 
-# (norm, stage, x dtype, w dtype, out dtype, hidden, zero-centred, target) -> NormKernel. The
-# runtime registry caches per key too, but behind a lock and a NormKey construction (field
+# (norm, stage, x dtype, w dtype, out dtype, hidden, zero-centred, target, strided) -> NormKernel.
+# The runtime registry caches per key too, but behind a lock and a NormKey construction (field
 # validation); this dict makes a warm lookup one hash.
 _KERNELS: dict = {}
 
 
-def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, cuda: bool):
-    """The kernel of a config, for CUDA tensors (``cuda``: the tensors' is_cuda) or CPU ones."""
-    tag = (norm, stage, xdt, wdt, odt, hidden, zc, cuda)
+def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, cuda: bool, strided: bool = False):
+    """The kernel of a config, for CUDA tensors (``cuda``: the tensors' is_cuda) or CPU ones;
+    ``strided``: x's rows are not compact (not x.is_contiguous())."""
+    tag = (norm, stage, xdt, wdt, odt, hidden, zc, cuda, strided)
     k = _KERNELS.get(tag)
     if k is None:
         ctype = "fp64" if xdt == torch.float64 else "fp32"
         otype = _FLOAT.get(odt) or _FP8[odt]
         key = NormKey(norm=norm, stage=stage, itype=_FLOAT[xdt], wtype=_FLOAT[wdt], otype=otype,
                       ctype=ctype, hidden_size=hidden, zero_centered_gamma=zc)
-        k = _KERNELS[tag] = get_kernel(key, "cuda" if cuda else "llvm")
+        k = _KERNELS[tag] = get_kernel(key, "cuda" if cuda else "llvm", strided)
     return k
 
 
@@ -106,20 +110,31 @@ def check_x(op: str, x, weights) -> int:
         if not (w.is_cuda if cuda else w.is_cpu) or w.get_device() != index:
             raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
     if not x.is_contiguous():
-        # Row-contiguous == contiguous here: [.., hidden] viewed as [rows, hidden] with strides
-        # (hidden, 1). Say which of the two ways it fails, the padded-row one being the common
-        # q/k-split-of-qkv case.
-        if ((hidden == 1 or x.stride(-1) == 1) and x.dim() >= 2 and x.shape[-2] > 1
-                and x.stride(-2) > hidden):
-            raise ValueError(
-                f"{op}: x has rows with stride {x.stride(-2)} but hidden size {hidden} (strides "
-                f"{tuple(x.stride())} for shape {tuple(x.shape)}), e.g. a slice of a wider tensor such "
-                f"as q/k split out of a fused qkv; the kernels need compact rows (row stride == "
-                f"hidden). Pass x.contiguous() if a copy is acceptable.")
-        raise ValueError(f"{op}: x must be row-contiguous (viewable as [rows, {hidden}] with strides "
-                         f"({hidden}, 1)); got strides {tuple(x.stride())} for shape {tuple(x.shape)}. "
-                         f"Pass x.contiguous() if a copy is acceptable.")
+        stride = row_stride(x, hidden)
+        if stride is None:
+            raise ValueError(f"{op}: x must be viewable as [rows, {hidden}] with adjacent columns and rows one "
+                             f"stride apart; got strides {tuple(x.stride())} for shape {tuple(x.shape)} (per-head "
+                             f"q/k split out of a fused qkv is such a layout). Pass x.contiguous() if a copy is "
+                             f"acceptable.")
+        span = (rows_of(x) - 1) * stride + hidden
+        if span >= 1 << 31:
+            raise ValueError(f"{op}: x's rows (stride {stride}) span {span} elements; the kernels for strided rows "
+                             f"index them in int32 (< 2^31). Pass x.contiguous() if a copy is acceptable.")
     return hidden
+
+
+def row_stride(x, hidden: int) -> int | None:
+    """The stride of x's rows viewed as [rows, hidden], or None where x has no such view (its
+    columns not adjacent, or its rows not one stride apart). Reads shapes and strides only."""
+    if x.dim() < 2:
+        return hidden if hidden <= 1 or x.stride(-1) == 1 else None
+    try:
+        rows = x.view(-1, hidden)
+    except RuntimeError:
+        return None
+    if hidden > 1 and rows.stride(1) != 1:
+        return None
+    return rows.stride(0) if rows.shape[0] > 1 else hidden
 
 
 def _alignment(hidden: int, elem_bytes: int) -> int:
@@ -139,11 +154,17 @@ def aligned(t: torch.Tensor, hidden: int) -> bool:
 
 
 def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
+    a = _alignment(hidden, x.element_size())
     if not aligned(x, hidden):
-        raise ValueError(f"{op}: x's data pointer {x.data_ptr():#x} is not {_alignment(hidden, x.element_size())}"
+        raise ValueError(f"{op}: x's data pointer {x.data_ptr():#x} is not {a}"
                          f"-byte aligned, which the CUDA kernels' vector loads need for hidden={hidden} "
                          f"{x.dtype}; this comes from a view at an odd offset. Pass x.clone() if a copy "
                          f"is acceptable.")
+    stride = hidden if x.is_contiguous() else row_stride(x, hidden)
+    if stride * x.element_size() % a:
+        raise ValueError(f"{op}: x's rows are {stride} elements ({stride * x.element_size()} bytes) apart, not a "
+                         f"multiple of {a} bytes, which the CUDA kernels' vector loads need for hidden={hidden} "
+                         f"{x.dtype} (each row must start aligned). Pass x.contiguous() if a copy is acceptable.")
 
 
 def compact_weight(w: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -178,10 +199,11 @@ def check_input(op: str, x, weights, out_dtype, fp8: bool = False) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Host functions. x (and dy) come validated and row-contiguous in any leading shape, the weights
-# compact; outputs are allocated in x's shape, and the kernels get [rows, hidden] views. A decode
-# call's kernel takes a few us of GPU time, so this path allocates each output once and views
-# only what is not already 2-D (a view costs ~1 us of Python, a torch.Size argument ~1.5 more).
+# Host functions. x comes validated and viewable as [rows, hidden] in any leading shape, dy and
+# the weights compact; outputs are allocated in x's shape, and the kernels get [rows, hidden]
+# views. A decode call's kernel takes a few us of GPU time, so this path allocates each output
+# once and views only what is not already 2-D (a view costs ~1 us of Python, a torch.Size
+# argument ~1.5 more).
 
 def rows2d(t, hidden: int):
     return t if t.dim() == 2 else t.view(-1, hidden)
@@ -197,7 +219,7 @@ def rms_fwd(x, w, eps: float, zc: bool, out_dtype):
     hidden = x.shape[-1]
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     rs = x.new_empty(rows_of(x), dtype=stat_dtype(x.dtype))
-    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda)(
+    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
         rows2d(x, hidden), w, rows2d(y, hidden), rs, eps=eps)
     return y, rs
 
@@ -206,7 +228,7 @@ def ln_fwd(x, w, b, eps: float, zc: bool, out_dtype):
     hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     mu, rs = x.new_empty(rows, dtype=sd), x.new_empty(rows, dtype=sd)
-    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda)(
+    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
         rows2d(x, hidden), w, b, rows2d(y, hidden), mu, rs, eps=eps)
     return y, mu, rs
 
@@ -228,7 +250,7 @@ def rms_fwd_fp8(x, w, scale, eps: float, zc: bool, fp8_dtype):
     rs = x.new_empty(rows, dtype=torch.float32)
     amax = _amax_out(rows, x.device)
     if rows:
-        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda)(
+        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
             rows2d(x, hidden), w, _fp8_scale(scale, x.device), rows2d(y, hidden), rs, amax, eps=eps)
     return y, amax
 
@@ -240,7 +262,7 @@ def ln_fwd_fp8(x, w, b, scale, eps: float, zc: bool, fp8_dtype):
     rs = x.new_empty(rows, dtype=torch.float32)
     amax = _amax_out(rows, x.device)
     if rows:
-        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda)(
+        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
             rows2d(x, hidden), w, b, _fp8_scale(scale, x.device), rows2d(y, hidden), mu, rs, amax, eps=eps)
     return y, amax
 
@@ -252,7 +274,7 @@ def rms_bwd(dy, x, rs, w, zc: bool):
         # No rows, no kernels: the gradient of an empty sum is zero.
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
-    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda)(
+    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
         rows2d(dy, hidden), rows2d(x, hidden), rs, w, rows2d(dx, hidden), dw)
     return dx, dw
 
@@ -263,6 +285,6 @@ def ln_bwd(dy, x, mu, rs, w, zc: bool):
     if not rows:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
-    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda)(
+    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
         rows2d(dy, hidden), rows2d(x, hidden), mu, rs, w, rows2d(dx, hidden), dw, db)
     return dx, dw, db
