@@ -1441,3 +1441,21 @@ def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatc
     assert build_library([key], "cuda", tmp_path / "on", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is True
     monkeypatch.setenv("TVMNORM_PDL", "0")
     assert build_library([key], "cuda", tmp_path / "off", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is False
+
+
+@pytest.mark.parametrize("key", [NormKey(stage="bwd", hidden_size=7168), NormKey(norm="layernorm", hidden_size=1002),
+                                 NormKey(norm="layernorm", stage="bwd_add", itype="fp32", wtype="fp32", otype="fp32",
+                                         hidden_size=998)], ids=lambda k: k.name)
+def test_strided_rows_cuda_kernels_load_through_ptx(key):
+    """Every kernel of a key for strided rows compiles for CUDA (no GPU): x's row stride is a
+    parameter of the kernels that read x, and its 8- and 16-byte vector loads are PTX loads
+    (TVM's code generator refused them, unable to prove i * x_row_stride + j aligned: bf16 7168's
+    dx failed so before _tvm.STRIDED_ROWS); the compact kernels keep TVM's own loads."""
+    from tvmnorm.build import key_funcs
+    src = generated_cuda(key_funcs(key, "cuda", strided=True))
+    readers = [k for k in re.split(r'extern "C" __global__', src)[1:] if "x_ptr" in k.split("{")[0]]
+    assert readers and all("x_row_stride" in k.split("{")[0] for k in readers)
+    # 8-byte vectors and wider where a row's bytes allow them (bf16 1002: 4-byte ones, which TVM writes)
+    assert ("ld.global.v" in src) == (key.hidden_size * (4 if key.itype == "fp32" else 2) % 8 == 0)
+    compact = generated_cuda(key_funcs(key, "cuda"))
+    assert "ld.global.v" not in compact and "x_row_stride" not in compact
