@@ -588,15 +588,15 @@ class Registry:
             if hit is not None:
                 return hit
             if strided:
-                kernel = self._kernels[(key, kind, strided)] = self._default(key, kind, strided=True)
-                return kernel
-            lib = self.library(kind)
-            kernel = lib.kernel(key) if lib is not None else None
-            if kernel is None:
-                if (key, kind) not in self._warned:
-                    self._warned.add((key, kind))
-                    warnings.warn(FALLBACK_MESSAGE.format(key.describe()), FallbackWarning, stacklevel=3)
-                kernel = self._default(key, kind)
+                kernel = self._default(key, kind, strided=True)
+            else:
+                lib = self.library(kind)
+                kernel = lib.kernel(key) if lib is not None else None
+                if kernel is None:
+                    if (key, kind) not in self._warned:
+                        self._warned.add((key, kind))
+                        warnings.warn(FALLBACK_MESSAGE.format(key.describe()), FallbackWarning, stacklevel=3)
+                    kernel = self._default(key, kind)
             self._kernels[(key, kind, strided)] = kernel
             return kernel
 

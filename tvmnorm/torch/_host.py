@@ -155,12 +155,14 @@ def aligned(t: torch.Tensor, hidden: int) -> bool:
 
 def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
     a = _alignment(hidden, x.element_size())
-    if not aligned(x, hidden):
+    if x.data_ptr() % a:
         raise ValueError(f"{op}: x's data pointer {x.data_ptr():#x} is not {a}"
                          f"-byte aligned, which the CUDA kernels' vector loads need for hidden={hidden} "
                          f"{x.dtype}; this comes from a view at an odd offset. Pass x.clone() if a copy "
                          f"is acceptable.")
-    stride = hidden if x.is_contiguous() else row_stride(x, hidden)
+    if x.is_contiguous():  # rows hidden apart, whose bytes ``a`` divides by its definition
+        return
+    stride = row_stride(x, hidden)
     if stride * x.element_size() % a:
         raise ValueError(f"{op}: x's rows are {stride} elements ({stride * x.element_size()} bytes) apart, not a "
                          f"multiple of {a} bytes, which the CUDA kernels' vector loads need for hidden={hidden} "
