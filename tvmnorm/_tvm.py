@@ -527,6 +527,10 @@ def _stream_loads(func, _mod, _ctx):
 # (and fails: it has no name for a bf16 vector). The call checks the stride instead (the torch
 # layer: a row's bytes a multiple of the widest vector), so these loads are written as PTX loads.
 STRIDED_ROWS = "tvmnorm.strided_rows"
+# The operand whose rows may be strided: x, which a caller may hand over as a slice of a wider
+# tensor (x[..., :hidden] of [..., width]). The kernels' other row operands are outputs they
+# allocate, or dy, which the torch layer makes compact (autograd's layouts vary).
+STRIDED_OPERAND = "x"
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StridedRows")
@@ -534,7 +538,7 @@ def _strided_rows(func, _mod, _ctx):
     target = func.attrs.get("target") if func.attrs is not None else None
     if func.attrs is None or STRIDED_ROWS not in func.attrs or target is None or target.kind.name != "cuda":
         return func
-    rows = [b for b in _accessed_buffers(func.body) if b.scope() == "global" and b.name == "x"]
+    rows = [b for b in _accessed_buffers(func.body) if b.scope() == "global" and b.name == STRIDED_OPERAND]
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.BufferStore,
                                                               lambda st: _stream_store(st, rows, 0))]))
 

@@ -47,19 +47,13 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-# The operand whose rows may be strided (strided=True below): x, which a caller may hand over as a
-# slice of a wider tensor (x[..., :hidden] of [..., width]). The kernels' other row operands are
-# outputs they allocate, or dy, which the torch layer makes compact (autograd's layouts vary).
-STRIDED_OPERAND = "x"
-
-
 def with_strided_rows(func):
-    """``func`` with its STRIDED_OPERAND parameter a buffer of row stride ``x_row_stride`` (a
+    """``func`` with its _tvm.STRIDED_OPERAND parameter a buffer of row stride ``x_row_stride`` (a
     variable the call binds from the tensor's strides) instead of a compact one, so that one
     kernel reads rows at any stride; the body's accesses are unchanged (x[i, j] then flattens to
     i * x_row_stride + j). Marked _tvm.STRIDED_ROWS, whose pass loads those rows on CUDA. A
     function without that operand comes back as it is."""
-    from ._tvm import STRIDED_ROWS, PrimFunc, tirx, tvm_ffi
+    from ._tvm import STRIDED_OPERAND, STRIDED_ROWS, PrimFunc, tirx, tvm_ffi
     old = next((b for b in func.params if b.name == STRIDED_OPERAND), None)
     if old is None:
         return func
