@@ -1446,16 +1446,24 @@ def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatc
 @pytest.mark.parametrize("key", [NormKey(stage="bwd", hidden_size=7168), NormKey(norm="layernorm", hidden_size=1002),
                                  NormKey(norm="layernorm", stage="bwd_add", itype="fp32", wtype="fp32", otype="fp32",
                                          hidden_size=998)], ids=lambda k: k.name)
-def test_strided_rows_cuda_kernels_load_through_ptx(key):
-    """Every kernel of a key for strided rows compiles for CUDA (no GPU): x's row stride is a
-    parameter of the kernels that read x, and its 8- and 16-byte vector loads are PTX loads
-    (TVM's code generator refused them, unable to prove i * x_row_stride + j aligned: bf16 7168's
-    dx failed so before _tvm.STRIDED_ROWS); the compact kernels keep TVM's own loads."""
+@pytest.mark.parametrize("layout", ("strided", "heads"))
+def test_x_layout_cuda_kernels_load_through_ptx(key, layout):
+    """Every kernel of a key for strided or per-head rows compiles for CUDA (no GPU): x's
+    strides (and head count) are parameters of the kernels that read x, and its 8- and 16-byte
+    vector loads are PTX loads (TVM's code generator refused them, unable to prove i *
+    x_row_stride + j aligned: bf16 7168's dx failed so before _tvm.STRIDED_ROWS); the compact
+    kernels keep TVM's own loads. Per-head rows divide a row index, never a column's: by the
+    head count, C's / and % (no floordiv sign cases), and the tokens x heads check stays on
+    the host."""
     from tvmnorm.build import key_funcs
-    src = generated_cuda(key_funcs(key, "cuda", strided=True))
+    src = generated_cuda(key_funcs(key, "cuda", layout=layout))
     readers = [k for k in re.split(r'extern "C" __global__', src)[1:] if "x_ptr" in k.split("{")[0]]
-    assert readers and all("x_row_stride" in k.split("{")[0] for k in readers)
+    params = ("x_row_stride",) if layout == "strided" else ("x_token_stride", "x_head_stride", "x_heads")
+    assert readers and all(p in k.split("{")[0] for k in readers for p in params)
+    if layout == "heads":
+        assert "/ x_heads)" in src and "% x_heads)" in src and "x_heads < " not in src
+        assert "tokens x heads" not in src and "x_tokens" not in src
     # 8-byte vectors and wider where a row's bytes allow them (bf16 1002: 4-byte ones, which TVM writes)
     assert ("ld.global.v" in src) == (key.hidden_size * (4 if key.itype == "fp32" else 2) % 8 == 0)
     compact = generated_cuda(key_funcs(key, "cuda"))
-    assert "ld.global.v" not in compact and "x_row_stride" not in compact
+    assert "ld.global.v" not in compact and "x_row_stride" not in compact and "x_heads" not in compact

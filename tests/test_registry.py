@@ -833,28 +833,40 @@ def test_cuda_default_cache_compiles_for_the_gpu_it_serves(tmp_path, monkeypatch
     assert not any(p.name.startswith("cuda-sm_90") for p in cache_dir().iterdir())
 
 
+@pytest.mark.parametrize("layout", ("strided", "heads"))
 @pytest.mark.parametrize("rows", (1, 70))
 @pytest.mark.parametrize("key", [NormKey(stage="bwd_add", hidden_size=1000),
                                  NormKey(norm="layernorm", stage="bwd", itype="fp32", wtype="fp32", otype="fp32",
                                          hidden_size=96, zero_centered_gamma=True),
                                  NormKey(hidden_size=128, otype="fp8e4m3"), NormKey(norm="layernorm", hidden_size=4095)],
                          ids=lambda k: k.name)
-def test_strided_rows_kernels_match_float64(key, rows, rng, seed, tmp_path, monkeypatch):
-    """get_kernel(..., strided=True) on llvm: x the middle of NaN-padded wider rows at an odd
-    offset and stride, every output right against float64 (a read past a row's end would
-    bring a NaN in), from a cache entry of its own beside the compact kernels'."""
+def test_x_layout_kernels_match_float64(key, rows, layout, rng, seed, tmp_path, monkeypatch):
+    """get_kernel(..., layout) on llvm, x inside NaN-padded wider memory at odd offsets and
+    strides: "strided", the middle of wider rows; "heads", rows as tokens x heads (7 heads at 70
+    rows) with a padding head between tokens. Every output right against float64 (a read past a
+    row's end would bring a NaN in), from a cache entry of its own beside the compact kernels'."""
     from tvmnorm.runtime import Registry, cache_dir
     monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
     inputs = make_inputs(key, rows, rng)
     h, x = key.hidden_size, inputs["x"]
-    wide = torch.full((rows, h + 7), float("nan"), dtype=x.dtype)
-    wide[:, 3:3 + h] = x
-    inputs["x"] = wide[:, 3:3 + h]
+    heads = 7 if layout == "heads" and rows % 7 == 0 else 1
+    wide = torch.full((rows // heads, heads + (layout == "heads"), h + 7), float("nan"), dtype=x.dtype)
+    wide[:, :heads, 3:3 + h] = x.view(rows // heads, heads, h)
+    operand = wide[:, :heads, 3:3 + h] if layout == "heads" else wide[:, 0, 3:3 + h]
     reg = Registry()
     reg.set_library("llvm", None)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        kernel = reg.get(key, "llvm", strided=True)
-    assert kernel.origin == "default:strided" and reg.get(key, "llvm", strided=True) is kernel
-    check_outputs(key, inputs, call(kernel, inputs, rows), f"strided {key.name} rows={rows} seed={seed}")
-    assert any(p.name == f"{key.name}.strided.so" for p in cache_dir().rglob("*.so"))
+        warnings.simplefilter("error")  # no FallbackWarning: such a call has no tuned kernel to miss
+        kernel = reg.get(key, "llvm", layout)
+    assert kernel.origin == f"default:{layout}" and reg.get(key, "llvm", layout) is kernel
+    check_outputs(key, inputs, call(kernel, {**inputs, "x": operand}, rows), f"{layout} {key.name} rows={rows} seed={seed}")
+    assert any(p.name == f"{key.name}.{layout}.so" for p in cache_dir().rglob("*.so"))
+    if layout == "heads" and rows > 1:  # tokens x heads must be the rows of the other operands
+        with pytest.raises(ValueError, match="tokens x heads must be the rows"):
+            call(kernel, {**inputs, "x": operand[:-1]}, rows)
+
+
+def test_x_layout_named(tmp_path, monkeypatch):
+    from tvmnorm.runtime import Registry
+    with pytest.raises(ValueError, match="layout must be one of"):
+        Registry().get(NormKey(hidden_size=128), "llvm", "rows")

@@ -286,24 +286,70 @@ def test_strided_rows_match_float64(norm, dtype, hidden, width, offset, lead, ge
     itself, and y, dx, dweight (and dbias) are right against float64."""
     big = rand(gen, (*lead, width), dtype, offset=2.0)
     x = big[..., offset:offset + hidden].requires_grad_()
-    assert not x.is_contiguous() and _host.row_stride(x, hidden) == width
+    assert not x.is_contiguous() and _host.row_groups(x, hidden) == [(x.numel() // hidden, width)]
     w, b = rand(gen, (hidden,), dtype, requires_grad=True), rand(gen, (hidden,), dtype, requires_grad=True)
     check_fwd_bwd(norm, x, w, b if norm == "layernorm" else None, 1e-5, gen)
-    used = [k for tag, k in _host._KERNELS.items() if tag[-1] and tag[5] == hidden and tag[2] == dtype]
-    assert {k.key.stage for k in used} == {"fwd", "bwd"} and all(k.origin == "default:strided" for k in used)
+    assert_layout_kernels("strided", hidden, dtype)
+
+
+def assert_layout_kernels(layout: str, hidden: int, dtype):
+    """The forward and the backward of hidden/dtype ran the default kernels for x in ``layout``."""
+    used = [k for tag, k in _host._KERNELS.items() if tag[-1] == layout and tag[5] == hidden and tag[2] == dtype]
+    assert {k.key.stage for k in used} == {"fwd", "bwd"}
+    assert all(k.origin == f"default:{layout}" and k.layout == layout for k in used)
+
+
+def fused_qkv_heads(gen, dtype, lead, heads: int, kv_heads: int, head_dim: int, part: str, pad: int = 0,
+                    device="cpu"):
+    """q or k of a fused qkv projection, per head: qkv[..., q or k columns].view(*lead, heads, head_dim)
+    (vLLM's and SGLang's QK-norm input), the qkv rows NaN-padded by ``pad`` columns at each end,
+    so a read past a head's columns would bring a NaN in."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    qkv = torch.full((*lead, pad + q + 2 * kv + pad), float("nan"), dtype=dtype, device=device)
+    start, n = (pad, heads) if part == "q" else (pad + q, kv_heads)
+    qkv[..., start:start + n * head_dim] = rand(gen, (*lead, n * head_dim), dtype, offset=2.0, device=device)
+    return qkv[..., start:start + n * head_dim].view(*lead, n, head_dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("lead,heads,kv_heads,head_dim,part,pad", [((7,), 3, 1, 128, "q", 0), ((2, 5), 4, 2, 128, "k", 8),
+                                                                   ((9,), 5, 5, 96, "q", 3), ((33,), 2, 2, 1000, "k", 1)],
+                         ids=("q-7x3x128", "k-2x5x2x128", "q-9x5x96", "k-33x2x1000"))
+def test_per_head_rows_of_fused_qkv_match_float64(norm, dtype, lead, heads, kv_heads, head_dim, part, pad, gen):
+    """Per-head q or k of a fused qkv (rows tokens x heads at two strides, no [rows, hidden]
+    view): the forward and the backward run the kernels for per-head rows on x itself (no
+    copy), and y, dx, dweight (and dbias) are right against float64."""
+    x = fused_qkv_heads(gen, dtype, lead, heads, kv_heads, head_dim, part, pad).requires_grad_()
+    groups = _host.row_groups(x, head_dim)
+    assert len(groups) == 2 and _host.x_operand(x, head_dim)[1].data_ptr() == x.data_ptr()
+    w, b = rand(gen, (head_dim,), dtype, requires_grad=True), rand(gen, (head_dim,), dtype, requires_grad=True)
+    check_fwd_bwd(norm, x, w, b if norm == "layernorm" else None, 1e-5, gen)
+    assert_layout_kernels("heads", head_dim, dtype)
+
+
+def test_per_head_rows_of_other_layouts(gen):
+    """Two-stride rows beyond qkv: 3 of 4 heads, and heads broadcast from one row (stride 0)."""
+    w = rand(gen, (128,), torch.float32)
+    for x in (rand(gen, (5, 3 * 4 * 128))[:, :4 * 128].view(5, 4, 128)[:, :3],
+              rand(gen, (5, 128))[:, None].expand(5, 6, 128)):
+        assert len(_host.row_groups(x, 128)) == 2
+        assert_close("y", tn.rms_norm(x, w), reference("rmsnorm", x, w, None, 1e-6)[3])
 
 
 def test_strided_rows_that_are_no_rows_view_rejected(gen):
-    """Layouts with no [rows, hidden] view: per-head q of a fused qkv (rows not one stride
-    apart), a transpose (columns not adjacent), a 1-D slice with a step; each names its strides."""
+    """Layouts beyond the kernels': rows at three strides (heads of a qkv whose batch and
+    sequence dims were sliced apart), a transpose (columns not adjacent), a 1-D slice with a
+    step; each names its strides."""
     w = torch.ones(128)
-    qkv = rand(gen, (5, 3 * 4 * 128))
-    heads = qkv[:, :4 * 128].view(5, 4, 128)[:, :3]  # 3 of 4 heads: rows 128 apart within a token, 1536 across
-    with pytest.raises(ValueError, match=r"viewable as \[rows, 128\].*strides \(1536, 128, 1\)"):
+    qkv = rand(gen, (2, 6, 3 * 4 * 128))[:, :5]  # batch rows 6 tokens apart, 5 of them used
+    heads = qkv[..., :4 * 128].view(2, 5, 4, 128)
+    assert len(_host.row_groups(heads, 128)) == 3
+    with pytest.raises(ValueError, match=r"tokens x heads at two strides.*strides \(9216, 1536, 128, 1\)"):
         tn.rms_norm(heads, w)
     with pytest.raises(ValueError, match=r"strides \(1, 6\)"):
         tn.layer_norm(rand(gen, (128, 6)).t(), w, None)
-    with pytest.raises(ValueError, match=r"viewable as \[rows, 128\]"):
+    with pytest.raises(ValueError, match=r"rows of 128 adjacent columns"):
         tn.rms_norm(rand(gen, (256,))[::2], w)
     # the explicit copy the message suggests works
     torch.testing.assert_close(tn.rms_norm(heads.contiguous(), w), F.rms_norm(heads, (128,), w, 1e-6))

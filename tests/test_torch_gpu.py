@@ -19,7 +19,7 @@ from conftest import captured  # noqa: E402
 import tvmnorm.torch as tn  # noqa: E402
 from tvmnorm.torch import _host  # noqa: E402
 from test_torch import (DTYPES, HIDDENS, Block, Model, Spy, assert_close, check_fwd_bwd,  # noqa: E402
-                        fp8_reference, rand, run)
+                        fp8_reference, fused_qkv_heads, rand, run)
 
 DEV = "cuda"
 
@@ -184,9 +184,39 @@ def test_strided_rows_misaligned_cuda(gen):
     """Rows whose stride breaks the vector loads' alignment are refused with the stride named."""
     w = torch.ones(1000, device=DEV, dtype=torch.bfloat16)
     x = rand(gen, (4, 1003), torch.bfloat16, device=DEV)[:, :1000]
-    with pytest.raises(ValueError, match="rows are 1003 elements .2006 bytes. apart, not a multiple of 16 bytes"):
+    with pytest.raises(ValueError, match=r"rows lie 1003 elements apart \(strides \(1003, 1\)\), not a multiple of 16"):
         tn.rms_norm(x, w)
     torch.testing.assert_close(tn.rms_norm(x.contiguous(), w), F.rms_norm(x, (1000,), w, 1e-6))
+    # per-head rows: the head stride (1003) breaks it, the token stride (4012) alone would not
+    heads = rand(gen, (3, 4, 1003), torch.bfloat16, device=DEV)[..., :1000]
+    with pytest.raises(ValueError, match=r"rows lie 4012, 1003 elements apart"):
+        tn.rms_norm(heads, w)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("dtype,lead,heads,kv_heads,head_dim,part,pad", [
+    (torch.bfloat16, (1,), 32, 8, 128, "q", 0), (torch.bfloat16, (8,), 32, 8, 128, "k", 0),
+    (torch.bfloat16, (2, 2049), 16, 4, 128, "q", 8), (torch.bfloat16, (4097,), 8, 8, 128, "k", 0),
+    (torch.float16, (64,), 5, 1, 1000, "q", 8), (torch.float32, (300,), 4, 2, 96, "k", 4)],
+    ids=["bf16-decode1-q32", "bf16-decode8-k8", "bf16-4098x16-q", "bf16-4097x8-k", "fp16-64x5x1000", "fp32-300x2x96"])
+def test_per_head_rows_cuda(norm, dtype, lead, heads, kv_heads, head_dim, part, pad, gen):
+    """Per-head q or k of a fused qkv on the GPU (rows tokens x heads at two strides): the
+    kernels for per-head rows, right against float64 at decode and training rows (the
+    backward's decode pair, its dx at T = 8, its own T), the qkv NaN-padded around the part."""
+    x = fused_qkv_heads(gen, dtype, lead, heads, kv_heads, head_dim, part, pad, device=DEV).requires_grad_()
+    assert len(_host.row_groups(x, head_dim)) == 2
+    w = (1 + 0.5 * torch.randn(head_dim, generator=gen)).to(DEV, dtype).requires_grad_()
+    b = (0.5 * torch.randn(head_dim, generator=gen)).to(DEV, dtype).requires_grad_() if norm == "layernorm" else None
+    check_fwd_bwd(norm, x, w, b, 1e-5, gen)
+
+
+def test_per_head_rows_fp8_cuda(gen):
+    x = fused_qkv_heads(gen, torch.bfloat16, (33,), 16, 4, 128, "q", 8, device=DEV)
+    w = (1 + 0.5 * torch.randn(128, generator=gen)).to(DEV, torch.bfloat16)
+    y8, amax = tn.rms_norm_fp8(x, w, torch.tensor([3.0], device=DEV), 1e-6, fp8_dtype=torch.float8_e4m3fn)
+    q, amax_ref = fp8_reference("rmsnorm", x.cpu(), w.cpu(), None, 3.0, torch.float8_e4m3fn, 1e-6)
+    assert_close("amax", amax.cpu(), amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+    assert (y8.cpu().double() == q.double()).float().mean() > 0.95
 
 
 def test_strided_rows_fp8_cuda(gen):

@@ -38,6 +38,7 @@ ScheduleError = s_tir.ScheduleError
 Trace = s_tir.Trace
 IRModule = tvm.IRModule
 PrimFunc = tirx.PrimFunc
+SBlock, SBlockRealize = s_tir.stmt.SBlock, s_tir.stmt.SBlockRealize
 
 
 @functools.lru_cache(maxsize=None)
@@ -521,16 +522,83 @@ def _stream_loads(func, _mod, _ctx):
                                                          lambda st: _stream_store(st, rows, mode))]))
 
 
-# A function whose x is a buffer of symbolic row stride (build.with_strided_rows): TVM's CUDA
-# code generator writes a vector load as one only where it proves the address a multiple of the
-# vector, which i * x_row_stride + j is not, and otherwise builds the vector element by element
-# (and fails: it has no name for a bf16 vector). The call checks the stride instead (the torch
-# layer: a row's bytes a multiple of the widest vector), so these loads are written as PTX loads.
+# A function whose x is a buffer of symbolic strides (with_x_layout): TVM's CUDA code generator
+# writes a vector load as one only where it proves the address a multiple of the vector, which
+# i * x_row_stride + j is not, and otherwise builds the vector element by element (and fails: it
+# has no name for a bf16 vector). The call checks the strides instead (the torch layer: a row's
+# bytes a multiple of the widest vector), so these loads are written as PTX loads.
 STRIDED_ROWS = "tvmnorm.strided_rows"
 # The operand whose rows may be strided: x, which a caller may hand over as a slice of a wider
 # tensor (x[..., :hidden] of [..., width]). The kernels' other row operands are outputs they
 # allocate, or dy, which the torch layer makes compact (autograd's layouts vary).
 STRIDED_OPERAND = "x"
+
+
+def with_x_layout(func, layout: str):
+    """The scheduled ``func`` with its STRIDED_OPERAND parameter the buffer of ``layout``
+    (build.X_LAYOUTS) and marked STRIDED_ROWS, or ``func`` itself for "compact" or where it has
+    no such operand. Applied to the schedule's result, so that every schedule sees the compact
+    [rows, hidden] x it was written for: "strided" changes only the buffer's strides (x[i, j]
+    flattens to i * x_row_stride + j), "heads" every access to x (row i is (i // x_heads, i %
+    x_heads): a division a row, not an element, as the row index is invariant over the columns
+    the vector loads run along) and its row count, which the call must give as x_tokens *
+    x_heads (checked on the host, before the launch)."""
+    old = next((b for b in func.params if b.name == STRIDED_OPERAND), None)
+    if layout == "compact" or old is None:
+        return func
+    # each stride in its dimension's index dtype, as the call's argument check binds them (int32
+    # rows in the int32-row kernels, int64 columns in the CUDA kernels of int64 rows)
+    rows, hidden = old.shape
+    rdt, unit = str(rows.ty), tirx.const(1, str(hidden.ty))
+    name = STRIDED_OPERAND
+    if layout == "strided":
+        new = tirx.decl_buffer(old.shape, old.dtype, name, strides=[tirx.Var(f"{name}_row_stride", rdt), unit])
+        body = tvm_ffi.structural_map(func.body, [(type(old), lambda v: new if v.same_as(old) else v)])
+    else:
+        tokens, heads = tirx.Var(f"{name}_tokens", rdt), tirx.Var(f"{name}_heads", rdt)
+        new = tirx.decl_buffer([tokens, heads, hidden], old.dtype, name,
+                               strides=[tirx.Var(f"{name}_token_stride", rdt), tirx.Var(f"{name}_head_stride", rdt), unit])
+        body = tvm_ffi.structural_map(func.body, [(_LOAD, lambda load: _head_load(load, old, new)),
+                                                  (tvm.tirx.stmt.TensorRegion, lambda r: _head_region(r, old, new))])
+        # checked before the root block's loops: on the host, ahead of any launch. The arguments
+        # in the FFI constructor's order (condition, kind, message); the Python class names its
+        # first two the other way round and passes them through as they come
+        check = tirx.AssertStmt(tokens * heads == rows, tvm.ir.StringImm("ValueError"),
+                                [tvm.ir.StringImm(f"{name}: tokens x heads must be the rows of the other operands")])
+        root = body.block
+        body = SBlockRealize(body.iter_values, body.predicate,
+                             SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                                    tirx.SeqStmt([check, root.body]), root.init, root.alloc_buffers,
+                                    root.match_buffers, root.annotations))
+    return PrimFunc([new if b.same_as(old) else b for b in func.params], body, func.ret_type,
+                    func.attrs).with_attr(STRIDED_ROWS, 1)
+
+
+def _head_rows(i, new):
+    # C's division: a row index and a head count are never negative, and floordiv's sign cases
+    # would be code for each load (the simplifier cannot bound a variable's sign)
+    heads = new.shape[1]
+    return [tirx.truncdiv(i, heads), tirx.truncmod(i, heads)]
+
+
+def _head_load(load, old, new):
+    if not load.source.same_as(old):
+        return load
+    i, j = load.indices
+    return tirx.BufferLoad(new, [*_head_rows(i, new), j])
+
+
+def _head_region(region, old, new):
+    """A block's region of x as the heads buffer's: one row's exactly, several rows' as all of
+    them (a (token, head) range of rows is no box)."""
+    if not region.source.same_as(old):
+        return region
+    i, j = region.region
+    if isinstance(i.extent, tirx.IntImm) and i.extent.value == 1:
+        rows = [tvm.ir.Range.from_min_extent(r, 1) for r in _head_rows(i.min, new)]
+    else:
+        rows = [tvm.ir.Range.from_min_extent(tirx.const(0, str(d.ty)), d) for d in new.shape[:2]]
+    return tirx.BufferRegion(new, [*rows, j])
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.StridedRows")

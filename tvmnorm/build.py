@@ -47,29 +47,18 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-def with_strided_rows(func):
-    """``func`` with its _tvm.STRIDED_OPERAND parameter a buffer of row stride ``x_row_stride`` (a
-    variable the call binds from the tensor's strides) instead of a compact one, so that one
-    kernel reads rows at any stride; the body's accesses are unchanged (x[i, j] then flattens to
-    i * x_row_stride + j). Marked _tvm.STRIDED_ROWS, whose pass loads those rows on CUDA. A
-    function without that operand comes back as it is."""
-    from ._tvm import STRIDED_OPERAND, STRIDED_ROWS, PrimFunc, tirx, tvm_ffi
-    old = next((b for b in func.params if b.name == STRIDED_OPERAND), None)
-    if old is None:
-        return func
-    # each stride in its dimension's index dtype, as the call's argument check binds them (int32
-    # rows in the int32-row kernels, int64 columns in the CUDA kernels of int64 rows)
-    rows, hidden = old.shape
-    stride = tirx.Var(f"{STRIDED_OPERAND}_row_stride", str(rows.ty))
-    new = tirx.decl_buffer(old.shape, old.dtype, STRIDED_OPERAND, strides=[stride, tirx.const(1, str(hidden.ty))])
-    body = tvm_ffi.structural_map(func.body, [(type(old), lambda v: new if v.same_as(old) else v)])
-    return PrimFunc([new if b.same_as(old) else b for b in func.params], body, func.ret_type,
-                    func.attrs).with_attr(STRIDED_ROWS, 1)
+# How a kernel's x lies in memory (the other row operands are compact). "compact": rows hidden
+# apart; "strided": rows one stride apart (x[..., :hidden] of a wider tensor), x a [rows, hidden]
+# buffer of row stride x_row_stride; "heads": rows (token, head) pairs at two strides (per-head
+# q/k of a fused qkv, qkv[..., :q_size].view(tokens, heads, head_dim), which no one row stride
+# describes), x a [x_tokens, x_heads, hidden] buffer of strides x_token_stride, x_head_stride.
+# The kernels are _tvm.with_x_layout's rewrite of the compact ones' default schedules.
+X_LAYOUTS = ("compact", "strided", "heads")
 
 
 def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_config=None,
                     row_bits: int = 64, parts=None, prefix: str | None = None, group_rows: int = 1,
-                    strided: bool = False) -> dict:
+                    layout: str = "compact") -> dict:
     """symbol -> scheduled PrimFunc (symbolic rows) for one key, from a tuned record when given
     (its trace replayed on the symbolic-row function) and the default rule otherwise.
     ``row_config`` (a CudaRowConfig or CpuRowConfig: one point of the tuned space) schedules the
@@ -79,8 +68,9 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     ``group_rows`` is the dx kernel's rows per row reduction (compute.norms._group_sums; a probe
     variant, no record has it). A forward that compute.norms.folds_amax carries _tvm.AMAX_FOLD
     (its amax_row output becomes amax[1]): the tuner's candidates alone keep amax_row; one that
-    compute.norms.stores_stats_first carries _tvm.STATS_FIRST. ``strided``: x's rows at any
-    stride (with_strided_rows; the default rule's schedules, never a record's traces)."""
+    compute.norms.stores_stats_first carries _tvm.STATS_FIRST. ``layout``: how x lies in memory
+    (X_LAYOUTS, _tvm.with_x_layout); other than "compact" the default rule's schedules, never a
+    record's traces."""
     from . import compute
     from ._tvm import AMAX_FOLD, STATS_FIRST, Schedule, Trace
     from .compute.norms import folds_amax, stores_stats_first
@@ -93,9 +83,7 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
                                            group_rows=group_rows).items():
         if parts is not None and part not in parts:
             continue
-        if strided:
-            func = with_strided_rows(func)
-        trace = None if strided else (record or {}).get("parts", {}).get(part)
+        trace = None if layout != "compact" else (record or {}).get("parts", {}).get(part)
         if part in ("fwd", "dx") and row_config is not None:
             rows_rule = schedule_rows_cuda if kind == "cuda" else schedule_rows_cpu
             sch = rows_rule(func.with_attr("global_symbol", "main"), row_config)
@@ -106,7 +94,7 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
             sch = default_schedule(func, part, kind, DTYPE_BYTES[key.itype])
         marks = [AMAX_FOLD] if part == "fwd" and folds_amax(key, kind) else []
         marks += [STATS_FIRST] if part == "fwd" and stores_stats_first(key, kind) else []
-        out.update(_kernel(sch, func, *marks, *pdl_marks(key, kind, part)))
+        out.update(_kernel(sch, func, *marks, *pdl_marks(key, kind, part), layout=layout))
     return out
 
 
@@ -117,11 +105,13 @@ def pdl_marks(key: NormKey, kind: str, part: str) -> list:
     return [PDL_WAITS] if pdl_waits(key, kind, part) else []
 
 
-def _kernel(sch, func, *marks: str) -> dict:
+def _kernel(sch, func, *marks: str, layout: str = "compact") -> dict:
     """{symbol: the scheduled PrimFunc} of ``func`` (its global symbol) scheduled by ``sch``,
-    with the attributes ``marks`` set (to 1)."""
+    with the attributes ``marks`` set (to 1) and x in ``layout`` (_tvm.with_x_layout)."""
+    from ._tvm import with_x_layout
     symbol = func.attrs["global_symbol"]
-    scheduled = sch.mod["main"].with_attr("global_symbol", symbol).with_attr("tirx.is_scheduled", True)
+    scheduled = with_x_layout(sch.mod["main"], layout).with_attr("global_symbol", symbol).with_attr(
+        "tirx.is_scheduled", True)
     for mark in marks:
         scheduled = scheduled.with_attr(mark, 1)
     return {symbol: scheduled}
@@ -151,22 +141,23 @@ def small_call_symbol(key: NormKey) -> str:
     return f"{small_call_prefix(key)}_fwd"
 
 
-def key_funcs(key: NormKey, kind: str, record: dict | None = None, strided: bool = False) -> dict:
+def key_funcs(key: NormKey, kind: str, record: dict | None = None, layout: str = "compact") -> dict:
     """Every kernel a library (or the default-kernel cache) holds for a key: its parts, the
     int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward (and one
     whose small-call rule differs, has_own_small_call) the small-call kernel
     (small_call_funcs), and for a CUDA backward its dx at shorter chunks (small_dx_funcs) and
-    its decode backward (decode_funcs). ``strided``: the same set, default-scheduled, with x's
-    rows at any stride (with_strided_rows), under the same symbols (a module of their own)."""
-    record = None if strided else record
-    funcs = scheduled_funcs(key, kind, record, strided=strided)
+    its decode backward (decode_funcs). ``layout`` other than "compact": the same set,
+    default-scheduled, with x in that layout (_tvm.with_x_layout), under the same symbols (a
+    module of their own)."""
+    record = None if layout != "compact" else record
+    funcs = scheduled_funcs(key, kind, record, layout=layout)
     if kind == "cuda":
         funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
-                                     prefix=narrow_prefix(key), strided=strided))
-        funcs.update(small_dx_funcs(key, kind, strided))
-        funcs.update(decode_funcs(key, kind, strided))
+                                     prefix=narrow_prefix(key), layout=layout))
+        funcs.update(small_dx_funcs(key, kind, layout))
+        funcs.update(decode_funcs(key, kind, layout))
     if key.stage == "fwd" and (record or has_own_small_call(key, kind)):
-        funcs.update(small_call_funcs(key, kind, strided))
+        funcs.update(small_call_funcs(key, kind, layout))
     return funcs
 
 
@@ -204,7 +195,7 @@ def decode_prefix(key: NormKey) -> str:
     return f"{key.name}_decode"
 
 
-def decode_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
+def decode_funcs(key: NormKey, kind: str, layout: str = "compact") -> dict:
     """The decode backward of a CUDA backward key (compute.norms.decode_funcs: dx without
     partials, then wgrad's column sums of dy and x, split two or three ways), default-scheduled,
     int32 rows, under ``<key>_decode_<part>`` for each of decode_parts; the runtime runs it for
@@ -217,13 +208,12 @@ def decode_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
     out = {}
     for part, func in decode_computes(key, kind, decode_parts(key), rows=symbolic_rows(32),
                                       prefix=decode_prefix(key)).items():
-        func = with_strided_rows(func) if strided else func
         out.update(_kernel(default_schedule(func, part, kind, DTYPE_BYTES[key.itype]), func,
-                           *pdl_marks(key, kind, part)))
+                           *pdl_marks(key, kind, part), layout=layout))
     return out
 
 
-def small_dx_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
+def small_dx_funcs(key: NormKey, kind: str, layout: str = "compact") -> dict:
     """The default rule's dx kernel of a CUDA backward key at each T of SMALL_DX_CHUNK_ROWS,
     under ``<key>_small<T>_dx``, with an int32 row count (the calls they serve are small; a
     larger one that needs int64 offsets keeps the key's own T)."""
@@ -232,12 +222,12 @@ def small_dx_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
     out = {}
     for t in SMALL_DX_CHUNK_ROWS:
         funcs = scheduled_funcs(key, kind, {"rows_per_partial": t}, row_bits=32, parts=("dx",),
-                                prefix=small_dx_prefix(key, t), strided=strided)
+                                prefix=small_dx_prefix(key, t), layout=layout)
         out[small_dx_symbol(key, t)] = funcs[small_dx_symbol(key, t)]
     return out
 
 
-def small_call_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
+def small_call_funcs(key: NormKey, kind: str, layout: str = "compact") -> dict:
     """The small-call forward kernel of a key, under the symbol ``<key>_small_fwd``: a library
     (and the default-kernel cache) serves calls of at most runtime.SMALL_CALL_BYTES of x with it
     (records are tuned at training rows; see runtime.SMALL_CALL_BYTES). The default rule's
@@ -246,7 +236,7 @@ def small_call_funcs(key: NormKey, kind: str, strided: bool = False) -> dict:
     from .sched.default import small_call_cuda_heuristic
     cfg = small_call_cuda_heuristic(key.hidden_size, DTYPE_BYTES[key.itype]) if kind == "cuda" else None
     funcs = scheduled_funcs(key, kind, row_config=cfg, row_bits=32 if kind == "cuda" else 64, parts=("fwd",),
-                            prefix=small_call_prefix(key), strided=strided)
+                            prefix=small_call_prefix(key), layout=layout)
     return {small_call_symbol(key): funcs[small_call_symbol(key)]}
 
 

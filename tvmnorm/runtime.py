@@ -32,7 +32,7 @@ import warnings
 
 from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECODE_PARTS, SMALL_DX_CHUNK_ROWS,
                     chunk_rows_of, compile_funcs, decode_prefix, file_sha256, key_funcs, narrow_prefix,
-                    scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
+                    X_LAYOUTS, scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, cuda_arch, target_name
 
@@ -242,8 +242,9 @@ class NormKernel:
 
     def __init__(self, key: NormKey, kind: str, funcs: dict, tuned: bool, origin: str,
                  chunk_rows: int | None = None, small: dict | None = None, row_bits: int = 64,
-                 narrow: dict | None = None, wide=None, small_dx: dict | None = None, decode: dict | None = None):
-        self.key, self.kind, self.tuned, self.origin = key, kind, tuned, origin
+                 narrow: dict | None = None, wide=None, small_dx: dict | None = None, decode: dict | None = None,
+                 layout: str = "compact"):
+        self.key, self.kind, self.tuned, self.origin, self.layout = key, kind, tuned, origin, layout
         self.row_bits = row_bits  # 32: kernels with an int32 row count (compute.symbolic_rows)
         self.chunk_rows = chunk_rows  # T of the bwd dx kernel (None: the default for the key)
         self.signature = signature(key)
@@ -259,7 +260,10 @@ class NormKernel:
         # A forward without fp8's amax passes its arrays through as they come (signature order),
         # and the kernel a call runs depends on its row count alone: is_small_call and fits_int32
         # as row bounds, so that a decode call (a few us of GPU time) pays no Python for them.
-        self._x_at, self._nargs = self.signature.index("x"), len(self.signature)
+        self._nargs = len(self.signature)
+        # the array a call's row count is read from: x, but for per-head rows ([tokens, heads,
+        # hidden]) the compact y or dy, against which the kernels check x's tokens x heads
+        self._rows_at = self.signature.index("x" if layout != "heads" else "y" if key.stage == "fwd" else "dy")
         self._plain_fwd = key.stage == "fwd" and not key.fp8_out
         self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
         self._small_rows = small_call_rows(key) if key.stage == "fwd" and "fwd" in self._small else -1
@@ -322,7 +326,7 @@ class NormKernel:
         if len(arrays) != self._nargs:
             raise TypeError(f"{self.key.norm} {self.key.stage} kernel takes {len(self.signature)} arrays "
                             f"({', '.join(self.signature)}), got {len(arrays)}")
-        rows = int(arrays[self._x_at].shape[0])
+        rows = int(arrays[self._rows_at].shape[0])
         if self._plain_fwd:
             if rows or self.kind != "cuda":  # CUDA rejects an empty grid
                 self.forward_for(rows)(*arrays, float(self._default_eps if eps is None else eps))
@@ -399,10 +403,11 @@ class NormKernel:
         wgrad_fn(part, *wgrad)
 
 
-def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64, wide=None):
-    """A key's NormKernel from a module of key_funcs (or scheduled_funcs) symbols: the int32-row
-    and small-call kernels serve where the module holds them; ``wide`` compiles the int64 row
-    kernels it may leave out (Registry._default)."""
+def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits=64, wide=None,
+                        layout: str = "compact"):
+    """A key's NormKernel from a module of key_funcs (or scheduled_funcs) symbols, with x in
+    ``layout``: the int32-row and small-call kernels serve where the module holds them; ``wide``
+    compiles the int64 row kernels it may leave out (Registry._default)."""
     from .compute.norms import parts_of
     have = lambda name: mod.implements_function(name)  # noqa: E731
     narrow = {p: mod[f"{narrow_prefix(key)}_{p}"] for p in NARROW_PARTS if have(f"{narrow_prefix(key)}_{p}")}
@@ -418,7 +423,7 @@ def _kernel_from_module(key, kind, mod, tuned, origin, chunk_rows=None, row_bits
     if lacking and (wide is None or any(p not in narrow for p in lacking)):
         raise ValueError(f"module for {key.name} lacks its {', '.join(lacking)} kernel")
     return NormKernel(key, kind, funcs, tuned, origin, chunk_rows, small, row_bits, narrow,
-                      wide if lacking else None, small_dx, decode)
+                      wide if lacking else None, small_dx, decode, layout)
 
 
 def variant_kernel(key: NormKey, kind: str, row_config=None, row_bits: int = 64, group_rows: int = 1) -> NormKernel:
@@ -575,20 +580,23 @@ class Registry:
             self._libraries[kind] = lib
             self._kernels = {k: v for k, v in self._kernels.items() if k[1] != kind}
 
-    def get(self, key: NormKey, kind: str, strided: bool = False) -> NormKernel:
-        """``strided``: the kernels whose x rows may lie at any stride (build.with_strided_rows),
+    def get(self, key: NormKey, kind: str, layout: str = "compact") -> NormKernel:
+        """``layout``: how the kernels' x lies in memory (build.X_LAYOUTS); other than "compact"
         always the default schedule's, from the default-kernel cache (a library holds compact
-        rows' kernels alone)."""
+        rows' kernels alone), and without a FallbackWarning (such a call has no tuned kernel
+        to miss)."""
         if not isinstance(key, NormKey):
             raise TypeError(f"key must be a NormKey, got {type(key).__name__}")
         if kind not in KINDS:
             raise ValueError(f"target must be one of {KINDS}, got {kind!r}")
+        if layout not in X_LAYOUTS:
+            raise ValueError(f"layout must be one of {X_LAYOUTS}, got {layout!r}")
         with self._lock:
-            hit = self._kernels.get((key, kind, strided))
+            hit = self._kernels.get((key, kind, layout))
             if hit is not None:
                 return hit
-            if strided:
-                kernel = self._default(key, kind, strided=True)
+            if layout != "compact":
+                kernel = self._default(key, kind, layout)
             else:
                 lib = self.library(kind)
                 kernel = lib.kernel(key) if lib is not None else None
@@ -597,10 +605,10 @@ class Registry:
                         self._warned.add((key, kind))
                         warnings.warn(FALLBACK_MESSAGE.format(key.describe()), FallbackWarning, stacklevel=3)
                     kernel = self._default(key, kind)
-            self._kernels[(key, kind, strided)] = kernel
+            self._kernels[(key, kind, layout)] = kernel
             return kernel
 
-    def _default(self, key, kind, strided: bool = False):
+    def _default(self, key, kind, layout: str = "compact"):
         """The default schedule's kernels of a key, from the disk cache or compiled into it. On
         CUDA the int64 row kernels, which only calls past int32 offsets run, are left out of the
         first compile (half the row-kernel code for the JIT) and compiled into their own cache
@@ -609,19 +617,21 @@ class Registry:
         from .compute.norms import parts_of
         if kind == "cuda":
             cuda_arch(fp8=key.fp8_out)  # a clear error, not nvcc's, where this GPU cannot run the key
-        name = f"{key.name}.strided" if strided else key.name
+        compact = layout == "compact"
+        name = key.name if compact else f"{key.name}.{layout}"
         path = cache_dir() / target_name(kind) / f"{name}.so"
         # part -> symbol of the int64 row kernels left to compile_wide
         row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})
-        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind, strided=strided).items()
+        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind, layout=layout).items()
                                                   if s not in row.values()})
 
         def compile_wide():
             wmod = _cached_module(path.with_name(f"{name}.wide.so"), kind,
-                                  lambda: scheduled_funcs(key, kind, parts=row, strided=strided))
+                                  lambda: scheduled_funcs(key, kind, parts=row, layout=layout))
             return {p: wmod[s] for p, s in row.items()}
-        return _kernel_from_module(key, kind, mod, False, "default:strided" if strided else "default",
-                                   wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide)
+        return _kernel_from_module(key, kind, mod, False, "default" if compact else f"default:{layout}",
+                                   wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide,
+                                   layout=layout)
 
 
 def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None):
@@ -670,7 +680,8 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
 REGISTRY = Registry()
 
 
-def get_kernel(key: NormKey, target: str = "llvm", strided: bool = False) -> NormKernel:
+def get_kernel(key: NormKey, target: str = "llvm", layout: str = "compact") -> NormKernel:
     """The tuned kernel for ``key`` on ``target`` ("llvm" or "cuda"), or the default one;
-    ``strided``: the default one whose x rows may lie at any stride (Registry.get)."""
-    return REGISTRY.get(key, target, strided)
+    ``layout`` other than "compact": the default one whose x lies in that layout
+    (build.X_LAYOUTS: rows at one stride, or per-head rows at two; Registry.get)."""
+    return REGISTRY.get(key, target, layout)

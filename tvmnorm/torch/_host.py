@@ -10,12 +10,13 @@ What crosses into TVM, and why it is zero-copy:
 - ``x`` is viewed as ``[rows, hidden]`` (``Tensor.view``, never ``.contiguous()``) and handed to
   the kernel as is; tvm-ffi wraps torch tensors through torch's DLPack exchange API without a
   copy. Outputs (y, mu, rsigma, dx, dgamma, dbeta, amax) are allocated here by torch.
-- x's rows may lie at any stride: a view whose rows are padded, such as x[..., :hidden] of a
-  wider tensor, runs the kernels built for strided rows (``get_kernel(..., strided=True)``: the
-  default schedule's, JIT-compiled once a key), still without a copy. A layout that is no
-  ``[rows, hidden]`` view at all (columns not adjacent, or rows that are not one stride apart,
-  such as per-head q split out of a fused qkv) is rejected with a ``ValueError`` that names the
-  strides, rather than silently copied.
+- x's rows may lie at any stride, or per head at two: a view whose rows are padded, such as
+  x[..., :hidden] of a wider tensor, runs the kernels built for strided rows, and per-head q or
+  k of a fused qkv (qkv[..., :q_size].view(tokens, heads, head_dim)) those for per-head rows,
+  handed a [tokens, heads, hidden] view (``x_operand``; ``get_kernel(..., layout)``: the default
+  schedule's, JIT-compiled once a key), still without a copy. A layout beyond these (columns not
+  adjacent, rows at three strides) is rejected with a ``ValueError`` that names the strides,
+  rather than silently copied.
 - gamma/beta are ``[hidden]`` and cheap, so a strided or misaligned weight is copied (it is one
   row, not an activation). The same holds for ``dy`` in the backward: autograd hands over
   whatever layout the next op produced (``y.sum().backward()`` gives a stride-0 expand), and the
@@ -37,23 +38,23 @@ _FP8 = {torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}
 _NAMES = ", ".join(str(d) for d in (*_FLOAT, *_FP8))
 HALF = (torch.float32, torch.float16, torch.bfloat16)
 
-# (norm, stage, x dtype, w dtype, out dtype, hidden, zero-centred, target, strided) -> NormKernel.
+# (norm, stage, x dtype, w dtype, out dtype, hidden, zero-centred, target, x layout) -> NormKernel.
 # The runtime registry caches per key too, but behind a lock and a NormKey construction (field
 # validation); this dict makes a warm lookup one hash.
 _KERNELS: dict = {}
 
 
-def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, cuda: bool, strided: bool = False):
-    """The kernel of a config, for CUDA tensors (``cuda``: the tensors' is_cuda) or CPU ones;
-    ``strided``: x's rows are not compact (not x.is_contiguous())."""
-    tag = (norm, stage, xdt, wdt, odt, hidden, zc, cuda, strided)
+def kernel(norm: str, stage: str, xdt, wdt, odt, hidden: int, zc: bool, cuda: bool, layout: str = "compact"):
+    """The kernel of a config, for CUDA tensors (``cuda``: the tensors' is_cuda) or CPU ones,
+    with x in ``layout`` (x_operand)."""
+    tag = (norm, stage, xdt, wdt, odt, hidden, zc, cuda, layout)
     k = _KERNELS.get(tag)
     if k is None:
         ctype = "fp64" if xdt == torch.float64 else "fp32"
         otype = _FLOAT.get(odt) or _FP8[odt]
         key = NormKey(norm=norm, stage=stage, itype=_FLOAT[xdt], wtype=_FLOAT[wdt], otype=otype,
                       ctype=ctype, hidden_size=hidden, zero_centered_gamma=zc)
-        k = _KERNELS[tag] = get_kernel(key, "cuda" if cuda else "llvm", strided)
+        k = _KERNELS[tag] = get_kernel(key, "cuda" if cuda else "llvm", layout)
     return k
 
 
@@ -110,31 +111,50 @@ def check_x(op: str, x, weights) -> int:
         if not (w.is_cuda if cuda else w.is_cpu) or w.get_device() != index:
             raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
     if not x.is_contiguous():
-        stride = row_stride(x, hidden)
-        if stride is None:
-            raise ValueError(f"{op}: x must be viewable as [rows, {hidden}] with adjacent columns and rows one "
-                             f"stride apart; got strides {tuple(x.stride())} for shape {tuple(x.shape)} (per-head "
-                             f"q/k split out of a fused qkv is such a layout). Pass x.contiguous() if a copy is "
+        groups = row_groups(x, hidden)
+        if groups is None or len(groups) > 2:
+            raise ValueError(f"{op}: x must be viewable as rows of {hidden} adjacent columns, the rows one stride "
+                             f"apart or tokens x heads at two strides (per-head q/k of a fused qkv); got strides "
+                             f"{tuple(x.stride())} for shape {tuple(x.shape)}. Pass x.contiguous() if a copy is "
                              f"acceptable.")
-        span = (rows_of(x) - 1) * stride + hidden
+        span = sum((n - 1) * s for n, s in groups) + hidden
         if span >= 1 << 31:
-            raise ValueError(f"{op}: x's rows (stride {stride}) span {span} elements; the kernels for strided rows "
-                             f"index them in int32 (< 2^31). Pass x.contiguous() if a copy is acceptable.")
+            raise ValueError(f"{op}: x's rows (strides {tuple(x.stride())}) span {span} elements; the kernels for "
+                             f"strided rows index them in int32 (< 2^31). Pass x.contiguous() if a copy is "
+                             f"acceptable.")
     return hidden
 
 
-def row_stride(x, hidden: int) -> int | None:
-    """The stride of x's rows viewed as [rows, hidden], or None where x has no such view (its
-    columns not adjacent, or its rows not one stride apart). Reads shapes and strides only."""
-    if x.dim() < 2:
-        return hidden if hidden <= 1 or x.stride(-1) == 1 else None
-    try:
-        rows = x.view(-1, hidden)
-    except RuntimeError:
+def row_groups(x, hidden: int) -> list | None:
+    """x's rows as [(count, stride), ...], outermost first: the dimensions before the last,
+    merged where one steps over the next exactly (as Tensor.view merges them) and those of one
+    element dropped; None where x's columns are not adjacent. [] or one group: x is viewable as
+    [rows, hidden] (Tensor.view), its rows one stride apart; two: tokens x heads, such as per-head
+    q of a fused qkv (qkv[..., :q_size].view(tokens, heads, head_dim)). Reads shapes and strides
+    only."""
+    if hidden > 1 and x.stride(-1) != 1:
         return None
-    if hidden > 1 and rows.stride(1) != 1:
-        return None
-    return rows.stride(0) if rows.shape[0] > 1 else hidden
+    groups = []
+    for n, s in zip(x.shape[:-1], x.stride()[:-1]):
+        if n == 1:
+            continue
+        if groups and groups[-1][1] == n * s:
+            groups[-1] = (groups[-1][0] * n, s)
+        else:
+            groups.append((n, s))
+    return groups
+
+
+def x_operand(x, hidden: int) -> tuple:
+    """(the kernels' layout of x, x as that kernel takes it: a [rows, hidden] view, or for
+    "heads" a [tokens, heads, hidden] one at x's strides), for an x that check_x passed."""
+    if x.is_contiguous():
+        return "compact", rows2d(x, hidden)
+    groups = row_groups(x, hidden)
+    if len(groups) < 2:
+        return "strided", x.view(-1, hidden)
+    (tokens, token_stride), (heads, head_stride) = groups
+    return "heads", x.as_strided((tokens, heads, hidden), (token_stride, head_stride, 1))
 
 
 def _alignment(hidden: int, elem_bytes: int) -> int:
@@ -162,11 +182,12 @@ def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
                          f"is acceptable.")
     if x.is_contiguous():  # rows hidden apart, whose bytes ``a`` divides by its definition
         return
-    stride = row_stride(x, hidden)
-    if stride * x.element_size() % a:
-        raise ValueError(f"{op}: x's rows are {stride} elements ({stride * x.element_size()} bytes) apart, not a "
-                         f"multiple of {a} bytes, which the CUDA kernels' vector loads need for hidden={hidden} "
-                         f"{x.dtype} (each row must start aligned). Pass x.contiguous() if a copy is acceptable.")
+    strides = [s for _, s in row_groups(x, hidden)]
+    if any(s * x.element_size() % a for s in strides):
+        raise ValueError(f"{op}: x's rows lie {', '.join(str(s) for s in strides)} elements apart (strides "
+                         f"{tuple(x.stride())}), not a multiple of {a} bytes, which the CUDA kernels' vector loads "
+                         f"need for hidden={hidden} {x.dtype} (each row must start aligned). Pass x.contiguous() "
+                         f"if a copy is acceptable.")
 
 
 def compact_weight(w: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -221,8 +242,9 @@ def rms_fwd(x, w, eps: float, zc: bool, out_dtype):
     hidden = x.shape[-1]
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     rs = x.new_empty(rows_of(x), dtype=stat_dtype(x.dtype))
-    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
-        rows2d(x, hidden), w, rows2d(y, hidden), rs, eps=eps)
+    layout, xk = x_operand(x, hidden)
+    kernel("rmsnorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
+        xk, w, rows2d(y, hidden), rs, eps=eps)
     return y, rs
 
 
@@ -230,8 +252,9 @@ def ln_fwd(x, w, b, eps: float, zc: bool, out_dtype):
     hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     mu, rs = x.new_empty(rows, dtype=sd), x.new_empty(rows, dtype=sd)
-    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
-        rows2d(x, hidden), w, b, rows2d(y, hidden), mu, rs, eps=eps)
+    layout, xk = x_operand(x, hidden)
+    kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
+        xk, w, b, rows2d(y, hidden), mu, rs, eps=eps)
     return y, mu, rs
 
 
@@ -252,8 +275,9 @@ def rms_fwd_fp8(x, w, scale, eps: float, zc: bool, fp8_dtype):
     rs = x.new_empty(rows, dtype=torch.float32)
     amax = _amax_out(rows, x.device)
     if rows:
-        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
-            rows2d(x, hidden), w, _fp8_scale(scale, x.device), rows2d(y, hidden), rs, amax, eps=eps)
+        layout, xk = x_operand(x, hidden)
+        kernel("rmsnorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda, layout)(
+            xk, w, _fp8_scale(scale, x.device), rows2d(y, hidden), rs, amax, eps=eps)
     return y, amax
 
 
@@ -264,8 +288,9 @@ def ln_fwd_fp8(x, w, b, scale, eps: float, zc: bool, fp8_dtype):
     rs = x.new_empty(rows, dtype=torch.float32)
     amax = _amax_out(rows, x.device)
     if rows:
-        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
-            rows2d(x, hidden), w, b, _fp8_scale(scale, x.device), rows2d(y, hidden), mu, rs, amax, eps=eps)
+        layout, xk = x_operand(x, hidden)
+        kernel("layernorm", "fwd", x.dtype, w.dtype, fp8_dtype, hidden, zc, x.is_cuda, layout)(
+            xk, w, b, _fp8_scale(scale, x.device), rows2d(y, hidden), mu, rs, amax, eps=eps)
     return y, amax
 
 
@@ -276,8 +301,9 @@ def rms_bwd(dy, x, rs, w, zc: bool):
         # No rows, no kernels: the gradient of an empty sum is zero.
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
-    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
-        rows2d(dy, hidden), rows2d(x, hidden), rs, w, rows2d(dx, hidden), dw)
+    layout, xk = x_operand(x, hidden)
+    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, layout)(
+        rows2d(dy, hidden), xk, rs, w, rows2d(dx, hidden), dw)
     return dx, dw
 
 
@@ -287,6 +313,7 @@ def ln_bwd(dy, x, mu, rs, w, zc: bool):
     if not rows:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
-    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, not x.is_contiguous())(
-        rows2d(dy, hidden), rows2d(x, hidden), mu, rs, w, rows2d(dx, hidden), dw, db)
+    layout, xk = x_operand(x, hidden)
+    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, layout)(
+        rows2d(dy, hidden), xk, mu, rs, w, rows2d(dx, hidden), dw, db)
     return dx, dw, db
