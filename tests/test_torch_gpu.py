@@ -5,6 +5,8 @@ Run on a GPU machine with ``python -m pytest -q -m gpu tests/test_torch_gpu.py``
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -187,9 +189,11 @@ def test_strided_rows_misaligned_cuda(gen):
     with pytest.raises(ValueError, match=r"rows lie 1003 elements apart \(strides \(1003, 1\)\), not a multiple of 16"):
         tn.rms_norm(x, w)
     torch.testing.assert_close(tn.rms_norm(x.contiguous(), w), F.rms_norm(x, (1000,), w, 1e-6))
-    # per-head rows: the head stride (1003) breaks it, the token stride (4012) alone would not
-    heads = rand(gen, (3, 4, 1003), torch.bfloat16, device=DEV)[..., :1000]
-    with pytest.raises(ValueError, match=r"rows lie 4012, 1003 elements apart"):
+    # per-head rows (4 of 5 heads a token): the head stride (1003) breaks it, the token stride
+    # (5015) too; 4 of 4 heads would be rows 1003 apart, one stride (above)
+    heads = rand(gen, (3, 5, 1003), torch.bfloat16, device=DEV)[:, :4, :1000]
+    assert _host.row_groups(heads, 1000) == [(3, 5015), (4, 1003)]
+    with pytest.raises(ValueError, match=r"rows lie 5015, 1003 elements apart"):
         tn.rms_norm(heads, w)
 
 
@@ -204,7 +208,8 @@ def test_per_head_rows_cuda(norm, dtype, lead, heads, kv_heads, head_dim, part, 
     kernels for per-head rows, right against float64 at decode and training rows (the
     backward's decode pair, its dx at T = 8, its own T), the qkv NaN-padded around the part."""
     x = fused_qkv_heads(gen, dtype, lead, heads, kv_heads, head_dim, part, pad, device=DEV).requires_grad_()
-    assert len(_host.row_groups(x, head_dim)) == 2
+    # one token's heads are adjacent rows: compact, the compact kernels serve them
+    assert len(_host.row_groups(x, head_dim)) == (2 if math.prod(lead) > 1 else 1)
     w = (1 + 0.5 * torch.randn(head_dim, generator=gen)).to(DEV, dtype).requires_grad_()
     b = (0.5 * torch.randn(head_dim, generator=gen)).to(DEV, dtype).requires_grad_() if norm == "layernorm" else None
     check_fwd_bwd(norm, x, w, b, 1e-5, gen)
