@@ -499,11 +499,14 @@ OPS = [
 ]
 
 
+@pytest.mark.parametrize("layout", ("compact", "heads"))
 @pytest.mark.parametrize("name,args", OPS, ids=[o[0] for o in OPS])
-def test_opcheck(name, args, gen):
-    """torch.library's own checks: schema, fake (meta) implementation, autograd registration."""
+def test_opcheck(name, args, layout, gen):
+    """torch.library's own checks: schema, fake (meta) implementation, autograd registration;
+    on compact x and on per-head q of a fused qkv."""
     fp8 = "fp8" in name
-    x = rand(gen, (2, 3, 128), requires_grad=not fp8)
+    x = rand(gen, (2, 3, 128)) if layout == "compact" else fused_qkv_heads(gen, torch.float32, (5,), 4, 2, 128, "q")
+    x.requires_grad_(not fp8)
     w = torch.randn(128, generator=gen).requires_grad_(not fp8)
     b = torch.randn(128, generator=gen).requires_grad_(not fp8)
     result = torch.library.opcheck(getattr(torch.ops.tvmnorm, name).default, args(x, w, b))
@@ -596,6 +599,20 @@ def test_compile_inductor(gen):
     torch.testing.assert_close(gxc, gxe, rtol=1e-4, atol=1e-4)
     for gc, ge in zip(gpc, gpe, strict=True):
         torch.testing.assert_close(gc, ge, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_per_head_view(gen):
+    """A per-head view made inside the compiled graph (qkv split, then q per head) reaches the op
+    as Inductor lays it out, and the result is right against float64."""
+    def qk_norm(qkv, w):
+        return tn.rms_norm(qkv[:, :512].view(-1, 4, 128), w) * 2
+    qkv, w = rand(gen, (6, 1024), offset=1.0), torch.randn(128, generator=gen)
+    torch._dynamo.reset()
+    _host._KERNELS.clear()
+    got = torch.compile(qk_norm, fullgraph=True)(qkv, w)
+    want = F.rms_norm(qkv[:, :512].view(-1, 4, 128).double(), (128,), w.double(), 1e-6) * 2
+    assert_close("y", got, want)
+    assert [tag[-1] for tag in _host._KERNELS] == ["heads"]  # the view itself, not a copy
 
 
 # ---------------------------------------------------------------------------------------------
