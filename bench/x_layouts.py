@@ -2,7 +2,7 @@
 against the compact kernels on the same values, and against what a caller runs otherwise: torch
 eager on the same view, torch.compile on it, or x.contiguous() and then tvmnorm.
 
-    python bench/x_layouts.py --out $OUT [--tokens 16384,1,8,64] [--rounds 2]
+    [TVMNORM_LIBRARY=DIR] python bench/x_layouts.py --out $OUT [--tokens 16384,64,8,1] [--rounds 2]
 
 Cases (bf16, tokens x ...):
 - q and k of Qwen3-8B's fused qkv per head (32 q heads, 8 kv heads, head_dim 128: qkv rows of
@@ -136,7 +136,10 @@ def main():
     for tokens in map(int, args.tokens.split(",")):
         for norm, part in cases:
             records += run_case(norm, part, tokens, timer, roof["copy_gbps"], args.rounds, gen, print)
-    result = {"meta": {**probe_meta(roof["copy_gbps"]), **roof, "what": __doc__.split("\n\n")[0]},
+    from tvmnorm.runtime import REGISTRY
+    lib = REGISTRY.library("cuda")  # $TVMNORM_LIBRARY: tuned compact kernels, and records for the layouts
+    result = {"meta": {**probe_meta(roof["copy_gbps"]), **roof, "what": __doc__.split("\n\n")[0],
+                       "library": str(lib.path) if lib is not None else None},
               "records": records}
     path = pathlib.Path(args.out) / "x-layouts.json"
     path.write_text(json.dumps(result, indent=1))

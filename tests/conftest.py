@@ -215,6 +215,20 @@ def call(kernel, inputs: dict, rows: int, device="cpu", eps=None) -> dict:
     return outs
 
 
+def x_in_layout(x, layout: str):
+    """x's values ([rows, hidden]) in NaN-padded wider memory at odd offsets and strides, on x's
+    device: "strided", the middle of wider rows; "heads", rows as tokens x heads (7 heads where
+    the rows allow) with a padding head between tokens. Offsets and strides of 8 elements (16
+    bytes of bf16) keep the CUDA kernels' vector loads aligned."""
+    rows, h = x.shape
+    heads = 7 if layout == "heads" and rows % 7 == 0 else 1
+    pad = 8 if x.is_cuda else 3
+    wide = torch.full((rows // heads, heads + (layout == "heads"), h + 2 * pad + 1 - x.is_cuda), float("nan"),
+                      dtype=x.dtype, device=x.device)
+    wide[:, :heads, pad:pad + h] = x.view(rows // heads, heads, h)
+    return wide[:, :heads, pad:pad + h] if layout == "heads" else wide[:, 0, pad:pad + h]
+
+
 def run_and_check(kernels, key: NormKey, rows: int, rng, seed: int, device="cpu", eps=None):
     """Fresh inputs, NaN-poisoned outputs, one kernel call, every output checked."""
     inputs = make_inputs(key, rows, rng, device=device)

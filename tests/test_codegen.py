@@ -1467,3 +1467,24 @@ def test_x_layout_cuda_kernels_load_through_ptx(key, layout):
     assert ("ld.global.v" in src) == (key.hidden_size * (4 if key.itype == "fp32" else 2) % 8 == 0)
     compact = generated_cuda(key_funcs(key, "cuda"))
     assert "ld.global.v" not in compact and "x_row_stride" not in compact and "x_heads" not in compact
+
+
+def kernel_params(src: str) -> dict:
+    """kernel name -> its parameter list, from CUDA source (definitions and declarations alike)."""
+    return dict(re.findall(r'__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)', src))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_bwd_ibf16_wbf16_obf16_cfp32_h4096", "layernorm_bwd_ibf16_wbf16_obf16_cfp32_h128",
+                                  "rmsnorm_fwd_ibf16_wbf16_ofp8e4m3_cfp32_h7168", "layernorm_fwd_ibf16_wbf16_obf16_cfp32_h128",
+                                  "rmsnorm_bwd_ibf16_wbf16_obf16_cfp32_h8192"])
+def test_committed_cuda_records_compile_for_per_head_rows(name):
+    """The committed H200 records' traces replay for per-head x and compile (no GPU): a staged
+    dx (cp.async from x, rmsnorm bwd 4096), stream hints, fp8 out with its amax fold, the
+    QK-norm width 128; every kernel that reads x takes its head strides."""
+    from tvmnorm.build import key_funcs
+    from tvmnorm.tune import load_records
+    (key, record), = [(NormKey.unpack(k), r) for k, r in load_records("cuda").items() if NormKey.unpack(k).name == name]
+    assert record.get("parts")
+    params = kernel_params(generated_cuda(key_funcs(key, "cuda", record, "heads")))
+    readers = {k: p for k, p in params.items() if re.search(r"\bx_ptr\b", p)}  # not amax_ptr
+    assert readers and all("x_heads" in p and "x_token_stride" in p for p in readers.values()), readers

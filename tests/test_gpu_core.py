@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import KernelCache, call, check_outputs, make_inputs, tensor
+from conftest import KernelCache, call, check_outputs, make_inputs, tensor, x_in_layout
 from conftest import run_and_check as check_on
 from tvmnorm.key import NormKey
 from tvmnorm.runtime import variant_kernel
@@ -835,3 +835,41 @@ def test_cuda_stats_first(norm, otype, hidden, rows, monkeypatch, rng, seed):
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     kernel = record_kernel(key, "cuda", load_records("cuda").get(key.pack()))
     run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+# the committed H200 records whose kernels the per-head and strided layouts replay on the GPU:
+# QK-norm's width (128), a staged dx (cp.async from x: rmsnorm bwd 4096), a layernorm dx with
+# its gamma held a chunk, stream hints, fp8 output with its amax fold
+TUNED_LAYOUT_KEYS = (NormKey(hidden_size=128), NormKey(stage="bwd", hidden_size=128),
+                     NormKey(norm="layernorm", hidden_size=128), NormKey(norm="layernorm", stage="bwd", hidden_size=128),
+                     NormKey(stage="bwd", hidden_size=4096), NormKey(norm="layernorm", stage="bwd", hidden_size=4096),
+                     NormKey(hidden_size=7168, otype="fp8e4m3"))
+
+
+@pytest.fixture(scope="module")
+def tuned_layout_library(tmp_path_factory):
+    """A CUDA library of TUNED_LAYOUT_KEYS from the committed records, and a registry on it."""
+    from tvmnorm.build import build_library
+    from tvmnorm.runtime import Registry
+    from tvmnorm.tune import load_records
+    records = load_records("cuda")
+    assert all(records.get(k.pack(), {}).get("parts") for k in TUNED_LAYOUT_KEYS)
+    out = tmp_path_factory.mktemp("tuned-layouts") / "cuda"
+    build_library(TUNED_LAYOUT_KEYS, "cuda", out, records, log=lambda *a: None)
+    reg = Registry()
+    reg.set_library("cuda", out)
+    return reg
+
+
+@pytest.mark.parametrize("rows", (7, 4097 * 7))
+@pytest.mark.parametrize("layout", ("heads", "strided"))
+@pytest.mark.parametrize("key", TUNED_LAYOUT_KEYS, ids=lambda k: k.name)
+def test_cuda_tuned_records_for_x_layouts(tuned_layout_library, key, layout, rows, rng, seed):
+    """A library's records replayed for strided and per-head x (Registry.get(..., layout) with
+    the library's records.json): the tuned kernels, right against float64 with NaN around x."""
+    kernel = tuned_layout_library.get(key, "cuda", layout)
+    assert (kernel.origin, kernel.tuned) == (f"tuned:{layout}", True)
+    inputs = make_inputs(key, rows, rng, device="cuda")
+    outs = call(kernel, {**inputs, "x": x_in_layout(inputs["x"], layout)}, rows, device="cuda")
+    torch.cuda.synchronize()
+    check_outputs(key, inputs, outs, f"cuda tuned {layout} {key.name} rows={rows} seed={seed}")

@@ -12,9 +12,8 @@ import threading
 import warnings
 
 import pytest
-import torch
 
-from conftest import call, check_outputs, has_nvcc, make_inputs
+from conftest import call, check_outputs, has_nvcc, make_inputs, x_in_layout
 from tvmnorm.build import LIBRARY, MANIFEST, build_library, file_sha256
 from tvmnorm.key import NormKey
 from tvmnorm.runtime import FallbackWarning, LibraryRefused, Registry
@@ -848,11 +847,7 @@ def test_x_layout_kernels_match_float64(key, rows, layout, rng, seed, tmp_path, 
     from tvmnorm.runtime import Registry, cache_dir
     monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
     inputs = make_inputs(key, rows, rng)
-    h, x = key.hidden_size, inputs["x"]
-    heads = 7 if layout == "heads" and rows % 7 == 0 else 1
-    wide = torch.full((rows // heads, heads + (layout == "heads"), h + 7), float("nan"), dtype=x.dtype)
-    wide[:, :heads, 3:3 + h] = x.view(rows // heads, heads, h)
-    operand = wide[:, :heads, 3:3 + h] if layout == "heads" else wide[:, 0, 3:3 + h]
+    operand = x_in_layout(inputs["x"], layout)
     reg = Registry()
     reg.set_library("llvm", None)
     with warnings.catch_warnings():
@@ -864,6 +859,39 @@ def test_x_layout_kernels_match_float64(key, rows, layout, rng, seed, tmp_path, 
     if layout == "heads" and rows > 1:  # tokens x heads must be the rows of the other operands
         with pytest.raises(ValueError, match="tokens x heads must be the rows"):
             call(kernel, {**inputs, "x": operand[:-1]}, rows)
+
+
+@pytest.mark.parametrize("layout", ("strided", "heads"))
+def test_x_layout_kernels_from_a_librarys_records(layout, rng, seed, tmp_path, monkeypatch):
+    """A library keeps its records (build.RECORDS): a tuned key's kernels for x's other layouts
+    are its record's traces (replayed on the compact function, then x rewritten), compiled into
+    a cache entry of that record, right against float64; a record its manifest does not vouch
+    for (edited after the build) is not used: the default schedule serves."""
+    from tvmnorm.build import RECORDS, record_fingerprint
+    from tvmnorm.runtime import cache_dir
+    from conftest import committed_llvm_records
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
+    records = committed_llvm_records()
+    keys = [NormKey(stage="bwd", hidden_size=512), NormKey(norm="layernorm", hidden_size=512)]
+    assert all(records[k.pack()].get("parts") for k in keys)
+    build_library(keys, "llvm", tmp_path / "lib", records, log=lambda *a: None)
+    reg = Registry()
+    reg.set_library("llvm", tmp_path / "lib")
+    for key in keys:
+        kernel = reg.get(key, "llvm", layout)
+        assert (kernel.origin, kernel.tuned, kernel.layout) == (f"tuned:{layout}", True, layout)
+        fingerprint = record_fingerprint(records[key.pack()])
+        assert any(p.name == f"{key.name}.{layout}.{fingerprint}.so" for p in cache_dir().rglob("*.so"))
+        for rows in (1, 70):
+            inputs = make_inputs(key, rows, rng)
+            check_outputs(key, inputs, call(kernel, {**inputs, "x": x_in_layout(inputs["x"], layout)}, rows),
+                          f"tuned {layout} {key.name} rows={rows} seed={seed}")
+    kept = json.loads((tmp_path / "lib" / RECORDS).read_text())
+    kept[str(keys[0].pack())]["parts"]["dx"][1] = []  # another record than the one built
+    (tmp_path / "lib" / RECORDS).write_text(json.dumps(kept))
+    reg.set_library("llvm", tmp_path / "lib")
+    assert reg.get(keys[0], "llvm", layout).origin == f"default:{layout}"
+    assert reg.get(keys[1], "llvm", layout).origin == f"tuned:{layout}"
 
 
 def test_x_layout_named(tmp_path, monkeypatch):

@@ -21,6 +21,9 @@ from .targets import arch_of, target_spec
 
 MANIFEST = "manifest.json"
 LIBRARY = "libtvmnorm.so"
+# packed key -> the record a library's kernels of that key were built from: the runtime compiles
+# a tuned key's kernels for x's other layouts from it (the manifest's fingerprint vouches for it)
+RECORDS = "records.json"
 FORMAT = 1
 _PKG = pathlib.Path(__file__).resolve().parent
 # Files whose change changes what a kernel computes or how it is scheduled or lowered (_tvm.py:
@@ -52,7 +55,9 @@ def file_sha256(path) -> str:
 # buffer of row stride x_row_stride; "heads": rows (token, head) pairs at two strides (per-head
 # q/k of a fused qkv, qkv[..., :q_size].view(tokens, heads, head_dim), which no one row stride
 # describes), x a [x_tokens, x_heads, hidden] buffer of strides x_token_stride, x_head_stride.
-# The kernels are _tvm.with_x_layout's rewrite of the compact ones' default schedules.
+# The kernels are _tvm.with_x_layout's rewrite of the compact ones' schedules (a record's traces
+# replay on the compact function first), compiled on first use (runtime.Registry), not into
+# a library: a library keeps its records (RECORDS) for them instead.
 X_LAYOUTS = ("compact", "strided", "heads")
 
 
@@ -69,8 +74,7 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
     variant, no record has it). A forward that compute.norms.folds_amax carries _tvm.AMAX_FOLD
     (its amax_row output becomes amax[1]): the tuner's candidates alone keep amax_row; one that
     compute.norms.stores_stats_first carries _tvm.STATS_FIRST. ``layout``: how x lies in memory
-    (X_LAYOUTS, _tvm.with_x_layout); other than "compact" the default rule's schedules, never a
-    record's traces."""
+    (X_LAYOUTS, _tvm.with_x_layout, applied after the schedule)."""
     from . import compute
     from ._tvm import AMAX_FOLD, STATS_FIRST, Schedule, Trace
     from .compute.norms import folds_amax, stores_stats_first
@@ -83,7 +87,7 @@ def scheduled_funcs(key: NormKey, kind: str, record: dict | None = None, row_con
                                            group_rows=group_rows).items():
         if parts is not None and part not in parts:
             continue
-        trace = None if layout != "compact" else (record or {}).get("parts", {}).get(part)
+        trace = (record or {}).get("parts", {}).get(part)
         if part in ("fwd", "dx") and row_config is not None:
             rows_rule = schedule_rows_cuda if kind == "cuda" else schedule_rows_cpu
             sch = rows_rule(func.with_attr("global_symbol", "main"), row_config)
@@ -146,10 +150,8 @@ def key_funcs(key: NormKey, kind: str, record: dict | None = None, layout: str =
     int32-row copies of its row kernels on CUDA (NARROW_PARTS), for a tuned forward (and one
     whose small-call rule differs, has_own_small_call) the small-call kernel
     (small_call_funcs), and for a CUDA backward its dx at shorter chunks (small_dx_funcs) and
-    its decode backward (decode_funcs). ``layout`` other than "compact": the same set,
-    default-scheduled, with x in that layout (_tvm.with_x_layout), under the same symbols (a
-    module of their own)."""
-    record = None if layout != "compact" else record
+    its decode backward (decode_funcs). ``layout`` other than "compact": the same set with x in
+    that layout (_tvm.with_x_layout), under the same symbols (a module of their own)."""
     funcs = scheduled_funcs(key, kind, record, layout=layout)
     if kind == "cuda":
         funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=NARROW_PARTS,
@@ -322,6 +324,8 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
             "kernels": entries,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        (tmp / RECORDS).write_text(json.dumps({str(k.pack()): records[k.pack()] for k in keys
+                                               if records.get(k.pack())}))
         for leftover in [*tmp.glob("*.cu"), *tmp.glob("*.o")]:
             leftover.unlink()
         if out_dir.exists():

@@ -30,9 +30,10 @@ import tempfile
 import threading
 import warnings
 
-from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECODE_PARTS, SMALL_DX_CHUNK_ROWS,
-                    chunk_rows_of, compile_funcs, decode_prefix, file_sha256, key_funcs, narrow_prefix,
-                    X_LAYOUTS, scheduled_funcs, small_call_symbol, small_dx_symbol, source_hash)
+from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECODE_PARTS, RECORDS,
+                    SMALL_DX_CHUNK_ROWS, X_LAYOUTS, chunk_rows_of, compile_funcs, decode_prefix, file_sha256,
+                    key_funcs, narrow_prefix, record_fingerprint, scheduled_funcs, small_call_symbol, small_dx_symbol,
+                    source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, cuda_arch, target_name
 
@@ -505,7 +506,7 @@ class TunedLibrary:
                 problems.append(f"{so.name} {bad_elf}")
         if problems:
             raise ValueError(f"library {self.path} refused: " + "; ".join(problems))
-        self.manifest, self.kernels = manifest, kernels
+        self.manifest, self.kernels, self._records = manifest, kernels, None
         try:
             self.module = load_module(str(so.resolve()))
         except Exception as e:  # noqa: BLE001 - a broken .so must not take the process down
@@ -518,6 +519,22 @@ class TunedLibrary:
         # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
         return _kernel_from_module(key, self.manifest["target"], self.module, entry["origin"] == "tuned",
                                    f"library:{entry['origin']}", entry.get("rows_per_partial"))
+
+    def record(self, key: NormKey) -> dict | None:
+        """The record the library's kernels of ``key`` were built from (build.RECORDS), or None:
+        no tuned record, a library built before the records were kept, or one whose
+        fingerprint is not the manifest's (then the default schedule serves, as it would have
+        without a library)."""
+        entry = self.kernels.get(key.pack())
+        if entry is None or entry.get("record") is None:
+            return None
+        if self._records is None:
+            try:
+                self._records = json.loads((self.path / RECORDS).read_text())
+            except (OSError, ValueError):
+                self._records = {}
+        record = self._records.get(str(key.pack()))
+        return record if record is not None and record_fingerprint(record) == entry["record"] else None
 
 
 def default_library_path(kind: str) -> pathlib.Path:
@@ -582,9 +599,9 @@ class Registry:
 
     def get(self, key: NormKey, kind: str, layout: str = "compact") -> NormKernel:
         """``layout``: how the kernels' x lies in memory (build.X_LAYOUTS); other than "compact"
-        always the default schedule's, from the default-kernel cache (a library holds compact
-        rows' kernels alone), and without a FallbackWarning (such a call has no tuned kernel
-        to miss)."""
+        from the default-kernel cache (a library holds compact rows' kernels alone): compiled
+        from the library's record of the key where it has one (TunedLibrary.record), else the
+        default schedule's, without a FallbackWarning."""
         if not isinstance(key, NormKey):
             raise TypeError(f"key must be a NormKey, got {type(key).__name__}")
         if kind not in KINDS:
@@ -596,7 +613,8 @@ class Registry:
             if hit is not None:
                 return hit
             if layout != "compact":
-                kernel = self._default(key, kind, layout)
+                lib = self.library(kind)
+                kernel = self._default(key, kind, layout, lib.record(key) if lib is not None else None)
             else:
                 lib = self.library(kind)
                 kernel = lib.kernel(key) if lib is not None else None
@@ -608,8 +626,9 @@ class Registry:
             self._kernels[(key, kind, layout)] = kernel
             return kernel
 
-    def _default(self, key, kind, layout: str = "compact"):
-        """The default schedule's kernels of a key, from the disk cache or compiled into it. On
+    def _default(self, key, kind, layout: str = "compact", record: dict | None = None):
+        """The default schedule's kernels of a key (or ``record``'s, with x in another
+        ``layout``), from the disk cache or compiled into it. On
         CUDA the int64 row kernels, which only calls past int32 offsets run, are left out of the
         first compile (half the row-kernel code for the JIT) and compiled into their own cache
         entry on the first such call; a cache entry that holds them (scripts/warm_cache.py
@@ -617,19 +636,23 @@ class Registry:
         from .compute.norms import parts_of
         if kind == "cuda":
             cuda_arch(fp8=key.fp8_out)  # a clear error, not nvcc's, where this GPU cannot run the key
-        compact = layout == "compact"
+        compact, tuned = layout == "compact", bool(record and record.get("parts"))
         name = key.name if compact else f"{key.name}.{layout}"
+        if record is not None:  # a record's kernels: an entry per record, so a new one never loads stale code
+            name += f".{record_fingerprint(record)}"
         path = cache_dir() / target_name(kind) / f"{name}.so"
         # part -> symbol of the int64 row kernels left to compile_wide
         row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})
-        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind, layout=layout).items()
+        mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind, record, layout).items()
                                                   if s not in row.values()})
 
         def compile_wide():
             wmod = _cached_module(path.with_name(f"{name}.wide.so"), kind,
-                                  lambda: scheduled_funcs(key, kind, parts=row, layout=layout))
+                                  lambda: scheduled_funcs(key, kind, record, parts=row, layout=layout))
             return {p: wmod[s] for p, s in row.items()}
-        return _kernel_from_module(key, kind, mod, False, "default" if compact else f"default:{layout}",
+        origin = "tuned" if tuned else "default"
+        return _kernel_from_module(key, kind, mod, tuned, origin if compact else f"{origin}:{layout}",
+                                   (record or {}).get("rows_per_partial"),
                                    wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide,
                                    layout=layout)
 

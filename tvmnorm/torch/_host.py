@@ -13,8 +13,9 @@ What crosses into TVM, and why it is zero-copy:
 - x's rows may lie at any stride, or per head at two: a view whose rows are padded, such as
   x[..., :hidden] of a wider tensor, runs the kernels built for strided rows, and per-head q or
   k of a fused qkv (qkv[..., :q_size].view(tokens, heads, head_dim)) those for per-head rows,
-  handed a [tokens, heads, hidden] view (``x_operand``; ``get_kernel(..., layout)``: the default
-  schedule's, JIT-compiled once a key), still without a copy. A layout beyond these (columns not
+  handed a [tokens, heads, hidden] view (``x_operand``; ``get_kernel(..., layout)``: the
+  library's record of the key, else the default schedule, JIT-compiled once a key), still
+  without a copy. A layout beyond these (columns not
   adjacent, rows at three strides) is rejected with a ``ValueError`` that names the strides,
   rather than silently copied.
 - gamma/beta are ``[hidden]`` and cheap, so a strided or misaligned weight is copied (it is one
