@@ -868,7 +868,8 @@ def test_cuda_tuned_records_for_x_layouts(tuned_layout_library, key, layout, row
     """A library's records replayed for strided and per-head x (Registry.get(..., layout) with
     the library's records.json): the tuned kernels, right against float64 with NaN around x."""
     kernel = tuned_layout_library.get(key, "cuda", layout)
-    assert (kernel.origin, kernel.tuned) == (f"tuned:{layout}", True)
+    tuned = layout != "heads" or key.stage == "fwd"  # build.layout_record
+    assert (kernel.origin, kernel.tuned) == ((f"tuned:{layout}", True) if tuned else (f"default:{layout}", False))
     inputs = make_inputs(key, rows, rng, device="cuda")
     outs = call(kernel, {**inputs, "x": x_in_layout(inputs["x"], layout)}, rows, device="cuda")
     torch.cuda.synchronize()

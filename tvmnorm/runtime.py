@@ -32,8 +32,8 @@ import warnings
 
 from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECODE_PARTS, RECORDS,
                     SMALL_DX_CHUNK_ROWS, X_LAYOUTS, chunk_rows_of, compile_funcs, decode_prefix, file_sha256,
-                    key_funcs, narrow_prefix, record_fingerprint, scheduled_funcs, small_call_symbol, small_dx_symbol,
-                    source_hash)
+                    key_funcs, layout_record, narrow_prefix, record_fingerprint, scheduled_funcs, small_call_symbol,
+                    small_dx_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
 from .targets import KINDS, arch_of, cuda_arch, target_name
 
@@ -600,8 +600,9 @@ class Registry:
     def get(self, key: NormKey, kind: str, layout: str = "compact") -> NormKernel:
         """``layout``: how the kernels' x lies in memory (build.X_LAYOUTS); other than "compact"
         from the default-kernel cache (a library holds compact rows' kernels alone): compiled
-        from the library's record of the key where it has one (TunedLibrary.record), else the
-        default schedule's, without a FallbackWarning."""
+        from the library's record of the key where it has one (TunedLibrary.record; for
+        per-head rows a forward's alone, build.layout_record), else the default schedule's,
+        without a FallbackWarning."""
         if not isinstance(key, NormKey):
             raise TypeError(f"key must be a NormKey, got {type(key).__name__}")
         if kind not in KINDS:
@@ -614,7 +615,8 @@ class Registry:
                 return hit
             if layout != "compact":
                 lib = self.library(kind)
-                kernel = self._default(key, kind, layout, lib.record(key) if lib is not None else None)
+                kernel = self._default(key, kind, layout,
+                                       layout_record(key, lib.record(key) if lib is not None else None, layout))
             else:
                 lib = self.library(kind)
                 kernel = lib.kernel(key) if lib is not None else None
