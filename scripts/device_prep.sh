@@ -13,6 +13,7 @@ W=(python scripts/warm_cache.py --target cuda --out .device/tc --jobs "${JOBS:-$
 "${W[@]}" --hidden 128,1000,4096,7168 --stages fwd --dtypes bf16 --fp8 fp8e5m2
 "${W[@]}" --hidden 1,1000,4095 --stages fwd,bwd,bwd_add --dtypes bf16 --zero-centered-gamma
 "${W[@]}" --hidden 65536 --stages fwd,bwd,bwd_add --dtypes bf16
+"${W[@]}" --hidden 128,1000,4096,7168 --stages fwd,bwd --dtypes bf16 --layouts strided,heads  # layout tests
 # only the current sources' cache travels: an older tree's kernels never load (the cache is keyed
 # by the source hash) and would double the carried archive
 keep=$(TVMNORM_CACHE=.device/tc python -c "from tvmnorm.runtime import cache_dir; print(cache_dir().name)")

@@ -20,13 +20,13 @@ import sys
 
 
 def build_one(args):
-    key, kind, path = args
+    key, kind, layout, path = args
     from tvmnorm.build import key_funcs
     from tvmnorm.runtime import _cached_module
     # what the runtime's default-kernel cache holds for a key, int64 row kernels included, built
     # as the runtime builds its entries; the pool runs one key a core
-    _cached_module(path, kind, lambda: key_funcs(key, kind), jobs=1)
-    return key.name
+    _cached_module(path, kind, lambda: key_funcs(key, kind, layout=layout), jobs=1)
+    return path.stem
 
 
 def main(argv=None) -> int:
@@ -35,19 +35,27 @@ def main(argv=None) -> int:
     p.add_argument("--target", choices=("llvm", "cuda"), default="cuda")
     p.add_argument("--out", required=True, help="the cache root (what $TVMNORM_CACHE will be)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--layouts", default="compact",
+                   help="x's layouts to build each key for (build.X_LAYOUTS: compact,strided,heads); the default "
+                        "schedule's kernels, which the runtime runs for a layout wherever no library record serves")
     add_key_args(p, stages_default="fwd,bwd,bwd_add")
     args = p.parse_args(argv)
     os.environ["TVMNORM_CACHE"] = str(pathlib.Path(args.out).resolve())
-    from tvmnorm.runtime import cache_dir
+    from tvmnorm.build import X_LAYOUTS
+    from tvmnorm.runtime import cache_dir, cache_entry
     from tvmnorm.targets import target_name
+    layouts = args.layouts.split(",")
+    if not set(layouts) <= set(X_LAYOUTS):
+        p.error(f"--layouts: {args.layouts!r}; each one of {', '.join(X_LAYOUTS)}")
     out = cache_dir() / target_name(args.target)
     out.mkdir(parents=True, exist_ok=True)
-    keys = keys_from_args(args)
-    jobs = [(k, args.target, out / f"{k.name}.so") for k in keys if not (out / f"{k.name}.so").exists()]
+    entries = [(k, args.target, layout, out / f"{cache_entry(k, layout)}.so")
+               for k in keys_from_args(args) for layout in layouts]
+    jobs = [e for e in entries if not e[-1].exists()]
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
         for name in pool.map(build_one, jobs):
             print(name, flush=True)
-    print(f"{len(jobs)} built, {len(keys) - len(jobs)} already there -> {out}", file=sys.stderr)
+    print(f"{len(jobs)} built, {len(entries) - len(jobs)} already there -> {out}", file=sys.stderr)
     return 0
 
 

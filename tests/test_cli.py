@@ -64,15 +64,16 @@ def test_list_without_library_fails_clearly(tmp_path):
 
 
 def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch):
-    """scripts/warm_cache.py builds default kernels into the cache layout the registry uses, so a
-    GPU lease loads them instead of compiling (llvm here; CUDA goes through nvcc the same way)."""
+    """scripts/warm_cache.py builds default kernels into the cache layout the registry uses (x's
+    layouts too), so a GPU lease loads them instead of compiling (llvm here; CUDA goes through
+    nvcc the same way); a layout it does not know is refused by name."""
     import tvmnorm.runtime as runtime
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "warm_cache.py")
     r = subprocess.run([sys.executable, script, "--target", "llvm", "--out", str(tmp_path), "--hidden", "96",
-                        "--norms", "rmsnorm", "--stages", "fwd,bwd", "--dtypes", "fp32", "--jobs", "1"],
-                       capture_output=True, text=True, timeout=600)
+                        "--norms", "rmsnorm", "--stages", "fwd,bwd", "--dtypes", "fp32", "--jobs", "1",
+                        "--layouts", "compact,heads"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "2 built" in r.stderr
+    assert "4 built" in r.stderr
     monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path))
     monkeypatch.setattr(runtime, "compile_funcs", lambda *a, **k: pytest.fail("compiled instead of loading the cache"))
     reg = runtime.Registry()
@@ -80,6 +81,10 @@ def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch)
     for stage in ("fwd", "bwd"):
         key = NormKey(stage=stage, itype="fp32", wtype="fp32", otype="fp32", hidden_size=96)
         assert reg.get(key, "llvm").origin == "default"
+        assert reg.get(key, "llvm", "heads").origin == "default:heads"
+    r = subprocess.run([sys.executable, script, "--target", "llvm", "--out", str(tmp_path), "--hidden", "96",
+                        "--layouts", "rows"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "--layouts: 'rows'; each one of compact, strided, heads" in r.stderr
 
 
 def test_list_shows_the_backward_chunk_size(tmp_path):

@@ -639,9 +639,7 @@ class Registry:
         if kind == "cuda":
             cuda_arch(fp8=key.fp8_out)  # a clear error, not nvcc's, where this GPU cannot run the key
         compact, tuned = layout == "compact", bool(record and record.get("parts"))
-        name = key.name if compact else f"{key.name}.{layout}"
-        if record is not None:  # a record's kernels: an entry per record, so a new one never loads stale code
-            name += f".{record_fingerprint(record)}"
+        name = cache_entry(key, layout, record)
         path = cache_dir() / target_name(kind) / f"{name}.so"
         # part -> symbol of the int64 row kernels left to compile_wide
         row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})
@@ -657,6 +655,15 @@ class Registry:
                                    (record or {}).get("rows_per_partial"),
                                    wide=None if all(mod.implements_function(s) for s in row.values()) else compile_wide,
                                    layout=layout)
+
+
+def cache_entry(key: NormKey, layout: str = "compact", record: dict | None = None) -> str:
+    """The name of a key's default-kernel cache entry (Registry._default; scripts/warm_cache.py
+    fills it ahead): the key's name, then x's layout where it is not compact, then the
+    fingerprint of the record the kernels replay, an entry per record, so that a new record
+    never loads another's code."""
+    name = key.name if layout == "compact" else f"{key.name}.{layout}"
+    return name if record is None else f"{name}.{record_fingerprint(record)}"
 
 
 def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None):
