@@ -338,8 +338,9 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
             "kernels": entries,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        (tmp / RECORDS).write_text(json.dumps({str(k.pack()): records[k.pack()] for k in keys
-                                               if records.get(k.pack())}))
+        kept = {str(k.pack()): records[k.pack()] for k in keys if records.get(k.pack())}
+        if kept:
+            (tmp / RECORDS).write_text(json.dumps(kept))
         for leftover in [*tmp.glob("*.cu"), *tmp.glob("*.o")]:
             leftover.unlink()
         if out_dir.exists():
