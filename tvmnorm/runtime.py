@@ -613,12 +613,11 @@ class Registry:
             hit = self._kernels.get((key, kind, layout))
             if hit is not None:
                 return hit
+            lib = self.library(kind)
             if layout != "compact":
-                lib = self.library(kind)
                 kernel = self._default(key, kind, layout,
                                        layout_record(key, lib.record(key) if lib is not None else None, layout))
             else:
-                lib = self.library(kind)
                 kernel = lib.kernel(key) if lib is not None else None
                 if kernel is None:
                     if (key, kind) not in self._warned:
@@ -714,6 +713,7 @@ REGISTRY = Registry()
 
 def get_kernel(key: NormKey, target: str = "llvm", layout: str = "compact") -> NormKernel:
     """The tuned kernel for ``key`` on ``target`` ("llvm" or "cuda"), or the default one;
-    ``layout`` other than "compact": the default one whose x lies in that layout
-    (build.X_LAYOUTS: rows at one stride, or per-head rows at two; Registry.get)."""
+    ``layout`` other than "compact": the one whose x lies in that layout (build.X_LAYOUTS: rows
+    at one stride, or per-head rows at two), compiled from the library's record of the key or
+    else the default schedule (Registry.get)."""
     return REGISTRY.get(key, target, layout)
