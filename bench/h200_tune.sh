@@ -48,7 +48,7 @@ if [ ! -f "$STATE/schedules/cuda-sm_90.json" ] && cp schedules/cuda-sm_90.json "
 fi
 # the databases, records and library of this run, shared by the tune and its recovery
 run=(--target cuda "${keys[@]}" ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
-     --schedules "$STATE/schedules" --out "$STATE/lib")
+     --schedules "$STATE/schedules" --out "$STATE/lib" --layouts "${LAYOUTS:-compact}")  # the check and bench run compact x
 # the tune starts no batch with less than half its time left before TUNE_SECONDS less 30 s for
 # its library build, at the seconds a key has taken in this call or, before one has, KEY_SECONDS
 # (e.g. 60 for the bf16 backward at 48 trials): such a batch keeps nothing of MIN_TRIALS

@@ -35,7 +35,7 @@ if [ -n "${BUILD-1}" ]; then
   # with PARTS0=rmsnorm_bwd_train PARTS1=layernorm_bwd_train TESTS= it re-benchmarks retuned
   # backward records in one short call, every result packed into verify.tgz
   (time python -m tvmnorm build --target cuda --shapes "${SHAPES:-all}" --stages "${BUILD_STAGES:-fwd,bwd}" \
-     --dtypes "${DTYPES:-bf16}" ${fp8:+--fp8 "$fp8"} --out "$LIB") > "$V/build.log" 2>&1 &
+     --dtypes "${DTYPES:-bf16}" ${fp8:+--fp8 "$fp8"} --out "$LIB" --layouts "${LAYOUTS:-compact}") > "$V/build.log" 2>&1 &
   build=$!
 fi
 PARTS0=${PARTS0-rmsnorm_fwd_fp8_train}

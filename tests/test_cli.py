@@ -25,16 +25,20 @@ def tvmnorm_cli(*args):
     return res.stdout
 
 
-def build_and_list(out, *extra):
+def build_and_list(out, *extra, layouts=("strided", "heads")):
+    """Build, then list; ``layouts``: x's other layouts the library should hold (the default: all)."""
     tvmnorm_cli(*BUILD, "--out", str(out), *extra)
     manifest = json.loads((out / MANIFEST).read_text())
     # the records the kernels were built from, where any key had one (build.RECORDS)
     tuned = any(e["record"] for e in manifest["kernels"])
-    assert sorted(p.name for p in out.iterdir()) == sorted([LIBRARY, MANIFEST] + [RECORDS] * tuned)
+    modules = [f"libtvmnorm.{layout}.so" for layout in layouts]
+    assert [i["library"] for i in manifest["layouts"].values()] == modules
+    assert sorted(p.name for p in out.iterdir()) == sorted([LIBRARY, MANIFEST, *modules] + [RECORDS] * tuned)
     assert [e["key"] for e in manifest["kernels"]] == [KEY.pack()]
     listing = tvmnorm_cli("list", "--library", str(out)).splitlines()
     assert listing[0].startswith(f"# {out}: target=llvm"), listing
-    lines = [ln for ln in listing[1:] if ln.strip()]
+    assert [ln.split(":")[0] for ln in listing if ln.startswith("# x layout")] == [f"# x layout {lay}" for lay in layouts]
+    lines = [ln for ln in listing[1:] if ln.strip() and not ln.startswith("# x layout")]
     assert len(lines) == 1, listing
     return manifest["kernels"][0]["origin"], lines[0]
 
@@ -46,6 +50,17 @@ def test_build_then_list_no_tuned(tmp_path):
     assert "rmsnorm" in line and "fwd" in line
     assert "hidden_size=128, wtype=fp32, itype=fp32, otype=fp32, ctype=fp32" in line, line
     assert line.endswith("[default]"), line
+
+
+def test_build_layouts_named(tmp_path):
+    """--layouts picks x's layouts the library holds (compact always); an unknown one is refused by name."""
+    origin, line = build_and_list(tmp_path / "lib", "--no-tuned", "--layouts", "heads", layouts=("heads",))
+    assert origin == "default" and line.endswith("[default]"), line
+    build_and_list(tmp_path / "lib", "--no-tuned", "--layouts", "compact", layouts=())
+    res = subprocess.run([sys.executable, "-m", "tvmnorm", *BUILD, "--layouts", "compact,rows", "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and "unknown x layout 'rows'" in res.stderr, res.stderr
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tvmnorm.tune") is None, reason="tvmnorm.tune not written yet")
@@ -95,7 +110,7 @@ def test_list_shows_the_backward_chunk_size(tmp_path):
     out = tmp_path / "lib"
     tvmnorm_cli("build", "--target", "llvm", "--hidden", "128", "--norms", "rmsnorm", "--stages", "bwd",
                 "--dtypes", "fp32", "--no-tuned", "--out", str(out))
-    (line,) = [ln for ln in tvmnorm_cli("list", "--library", str(out)).splitlines()[1:] if ln.strip()]
+    (line,) = [ln for ln in tvmnorm_cli("list", "--library", str(out)).splitlines() if ln.strip() and ln[0] != "#"]
     assert line.endswith("[default, T=128]"), line
 
 

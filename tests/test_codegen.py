@@ -1443,6 +1443,26 @@ def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatc
     assert build_library([key], "cuda", tmp_path / "off", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is False
 
 
+def test_cuda_library_of_x_layouts_resolves_every_symbol(tmp_path):
+    """`tvmnorm build --target cuda` with every layout (its default): a module of nvcc's a
+    layout, each listed with its sha256 in the manifest and defining every symbol the manifest
+    gives its key for that layout (the GPU runs them: test_gpu_core.test_cuda_library_of_x_layouts)."""
+    from tvmnorm._tvm import load_module
+    from tvmnorm.build import build_library, file_sha256
+    if not has_nvcc():
+        pytest.skip("nvcc not installed")
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=1000)
+    manifest = build_library([key], "cuda", tmp_path, arch="sm_90", log=lambda *_: None, layouts="all")
+    (entry,) = manifest["kernels"]
+    assert sorted(manifest["layouts"]) == sorted(entry["layouts"]) == ["heads", "strided"]
+    for layout, info in manifest["layouts"].items():
+        assert file_sha256(tmp_path / info["library"]) == info["sha256"]
+        what = entry["layouts"][layout]
+        assert what["symbols"] == entry["symbols"] and what["rows_per_partial"] == entry["rows_per_partial"]
+        mod = load_module(str(tmp_path / info["library"]))
+        assert all(mod.implements_function(s) for s in what["symbols"]), layout
+
+
 @pytest.mark.parametrize("key", [NormKey(stage="bwd", hidden_size=7168), NormKey(norm="layernorm", hidden_size=1002),
                                  NormKey(norm="layernorm", stage="bwd_add", itype="fp32", wtype="fp32", otype="fp32",
                                          hidden_size=998)], ids=lambda k: k.name)

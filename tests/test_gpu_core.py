@@ -846,19 +846,31 @@ TUNED_LAYOUT_KEYS = (NormKey(hidden_size=128), NormKey(stage="bwd", hidden_size=
                      NormKey(hidden_size=7168, otype="fp8e4m3"))
 
 
-@pytest.fixture(scope="module")
-def tuned_layout_library(tmp_path_factory):
-    """A CUDA library of TUNED_LAYOUT_KEYS from the committed records, and a registry on it."""
+def tuned_layout_registry(tmp_path_factory, layouts):
+    """A registry on a CUDA library of TUNED_LAYOUT_KEYS from the committed records, with
+    kernels for x in ``layouts``."""
     from tvmnorm.build import build_library
     from tvmnorm.runtime import Registry
     from tvmnorm.tune import load_records
     records = load_records("cuda")
     assert all(records.get(k.pack(), {}).get("parts") for k in TUNED_LAYOUT_KEYS)
     out = tmp_path_factory.mktemp("tuned-layouts") / "cuda"
-    build_library(TUNED_LAYOUT_KEYS, "cuda", out, records, log=lambda *a: None)
+    build_library(TUNED_LAYOUT_KEYS, "cuda", out, records, log=lambda *a: None, layouts=layouts)
     reg = Registry()
     reg.set_library("cuda", out)
     return reg
+
+
+@pytest.fixture(scope="module")
+def tuned_layout_library(tmp_path_factory):
+    """Compact rows' kernels alone: the other layouts' compiled from the library's records."""
+    return tuned_layout_registry(tmp_path_factory, ("compact",))
+
+
+@pytest.fixture(scope="module")
+def tuned_all_layouts_library(tmp_path_factory):
+    """Every layout's kernels in the library (`tvmnorm build`'s default)."""
+    return tuned_layout_registry(tmp_path_factory, "all")
 
 
 @pytest.mark.parametrize("rows", (7, 4097 * 7))
@@ -870,7 +882,26 @@ def test_cuda_tuned_records_for_x_layouts(tuned_layout_library, key, layout, row
     kernel = tuned_layout_library.get(key, "cuda", layout)
     tuned = layout != "heads" or key.stage == "fwd"  # build.layout_record
     assert (kernel.origin, kernel.tuned) == ((f"tuned:{layout}", True) if tuned else (f"default:{layout}", False))
+    check_x_layout(kernel, key, layout, rows, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (7, 4097 * 7))
+@pytest.mark.parametrize("layout", ("heads", "strided"))
+@pytest.mark.parametrize("key", TUNED_LAYOUT_KEYS, ids=lambda k: k.name)
+def test_cuda_library_of_x_layouts(tuned_all_layouts_library, key, layout, rows, rng, seed, monkeypatch):
+    """A library built with every layout's kernels (nvcc, a module a layout) serves strided and
+    per-head x from them, nothing compiled at run time: the records' kernels (per-head rows a
+    forward's alone), right against float64 with NaN around x."""
+    from tvmnorm import runtime
+    monkeypatch.setattr(runtime, "_cached_module", lambda *a, **k: pytest.fail("a library's layout was compiled"))
+    tuned = layout != "heads" or key.stage == "fwd"  # build.layout_record
+    kernel = tuned_all_layouts_library.get(key, "cuda", layout)
+    assert (kernel.origin, kernel.tuned) == (f"library:{'tuned' if tuned else 'default'}:{layout}", tuned)
+    check_x_layout(kernel, key, layout, rows, rng, seed)
+
+
+def check_x_layout(kernel, key, layout, rows, rng, seed):
     inputs = make_inputs(key, rows, rng, device="cuda")
     outs = call(kernel, {**inputs, "x": x_in_layout(inputs["x"], layout)}, rows, device="cuda")
     torch.cuda.synchronize()
-    check_outputs(key, inputs, outs, f"cuda tuned {layout} {key.name} rows={rows} seed={seed}")
+    check_outputs(key, inputs, outs, f"cuda {kernel.origin} {key.name} rows={rows} seed={seed}")

@@ -897,6 +897,61 @@ def test_x_layout_kernels_from_a_librarys_records(layout, rng, seed, tmp_path, m
     assert reg.get(keys[1], "llvm", layout).origin == f"default:{layout}"
 
 
+def test_library_built_with_x_layouts(rng, seed, tmp_path, monkeypatch):
+    """A library built for x's other layouts (build_library(layouts=...)) serves them from its
+    own modules, nothing compiled at run time: its tuned keys' records replayed (per-head rows a
+    forward's alone), a default key's default schedule, right against float64. A damaged layout
+    module is refused with a warning once (the rest of the library still serves) and that
+    layout's kernels are compiled instead; a library built for compact rows alone has none."""
+    from tvmnorm import runtime
+    from tvmnorm.build import layout_library
+    from conftest import committed_llvm_records
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
+    records = committed_llvm_records()
+    keys = [NormKey(stage="bwd", hidden_size=512), NormKey(norm="layernorm", hidden_size=512),
+            NormKey(norm="layernorm", stage="bwd_add", hidden_size=1000)]
+    assert all(records[k.pack()].get("parts") for k in keys[:2]) and keys[2].pack() not in records
+    manifest = build_library(keys, "llvm", tmp_path / "lib", records, log=lambda *a: None, layouts="all")
+    assert list(manifest["layouts"]) == ["strided", "heads"]
+    reg = Registry()
+    reg.set_library("llvm", tmp_path / "lib")
+    origin = {"library:tuned", "library:default"}
+    for layout in ("strided", "heads"):
+        with monkeypatch.context() as m, warnings.catch_warnings():
+            warnings.simplefilter("error")
+            m.setattr(runtime, "_cached_module", lambda *a, **k: pytest.fail("a library's layout was compiled"))
+            for key in keys:
+                kernel = reg.get(key, "llvm", layout)
+                tuned = key.pack() in records and (layout != "heads" or key.stage == "fwd")
+                assert (kernel.origin, kernel.tuned, kernel.layout) == (
+                    f"library:{'tuned' if tuned else 'default'}:{layout}", tuned, layout)
+                assert reg.get(key, "llvm").origin in origin
+                for rows in (1, 70):
+                    inputs = make_inputs(key, rows, rng)
+                    check_outputs(key, inputs, call(kernel, {**inputs, "x": x_in_layout(inputs["x"], layout)}, rows),
+                                  f"library {layout} {key.name} rows={rows} seed={seed}")
+    assert not (tmp_path / "cache").exists()
+
+    so = tmp_path / "lib" / layout_library("heads")
+    so.write_bytes(so.read_bytes()[:-100])
+    reg.set_library("llvm", tmp_path / "lib")
+    assert reg.get(keys[0], "llvm", "strided").origin == "library:tuned:strided"
+    with pytest.warns(LibraryRefused, match="heads kernels refused: libtvmnorm.heads.so does not match the sha256"):
+        kernel = reg.get(keys[1], "llvm", "heads")
+    assert kernel.origin == "tuned:heads"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert reg.get(keys[2], "llvm", "heads").origin == "default:heads"
+    inputs = make_inputs(keys[1], 70, rng)
+    check_outputs(keys[1], inputs, call(kernel, {**inputs, "x": x_in_layout(inputs["x"], "heads")}, 70),
+                  f"compiled heads {keys[1].name} seed={seed}")
+
+    build_library(keys[:1], "llvm", tmp_path / "compact", records, log=lambda *a: None)
+    reg.set_library("llvm", tmp_path / "compact")
+    assert reg.library("llvm").layouts() == ("compact",) and reg.library("llvm").kernel(keys[0], "strided") is None
+    assert reg.get(keys[0], "llvm", "strided").origin == "tuned:strided"
+
+
 def test_x_layout_named(tmp_path, monkeypatch):
     from tvmnorm.runtime import Registry
     with pytest.raises(ValueError, match="layout must be one of"):

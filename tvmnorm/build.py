@@ -56,9 +56,28 @@ def file_sha256(path) -> str:
 # q/k of a fused qkv, qkv[..., :q_size].view(tokens, heads, head_dim), which no one row stride
 # describes), x a [x_tokens, x_heads, hidden] buffer of strides x_token_stride, x_head_stride.
 # The kernels are _tvm.with_x_layout's rewrite of the compact ones' schedules (a record's traces
-# replay on the compact function first), compiled on first use (runtime.Registry), not into
-# a library: a library keeps its records (RECORDS) for them instead.
+# replay on the compact function first). A library holds a module per layout it was built for
+# (layout_library: the same symbols as the compact module's), so that a deployment without TVM's
+# compiler serves every layout; for a layout it was not built for, the runtime compiles them on
+# first use (runtime.Registry) from the library's records (RECORDS).
 X_LAYOUTS = ("compact", "strided", "heads")
+
+
+def layout_library(layout: str) -> str:
+    """The file of a library's module for x in ``layout``."""
+    return LIBRARY if layout == "compact" else LIBRARY.replace(".so", f".{layout}.so")
+
+
+def checked_layouts(layouts) -> tuple:
+    """``layouts`` (names, or a comma-separated string; "all": X_LAYOUTS) in X_LAYOUTS' order,
+    "compact" always among them: a library's compact module is the one it cannot do without."""
+    names = layouts.split(",") if isinstance(layouts, str) else list(layouts)
+    names = list(X_LAYOUTS) if names == ["all"] else [n.strip() for n in names]
+    unknown = [n for n in names if n not in X_LAYOUTS]
+    if unknown:
+        raise ValueError(f"unknown x layout {', '.join(map(repr, unknown))}: each one of {', '.join(X_LAYOUTS)} "
+                         f"(or all)")
+    return tuple(n for n in X_LAYOUTS if n == "compact" or n in names)
 
 
 def layout_record(key: NormKey, record: dict | None, layout: str) -> dict | None:
@@ -295,43 +314,56 @@ def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
 
 
 def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: str | None = None,
-                  log=print, jobs: int | None = None) -> dict:
+                  log=print, jobs: int | None = None, layouts=("compact",)) -> dict:
     """Compile ``keys`` into ``out_dir``/libtvmnorm.so + manifest.json; returns the manifest.
 
     ``records`` maps packed key -> tuned record (schedules/<target>.json); other keys get the
-    default schedule. Written to a temporary directory first and moved in whole, so an
-    interrupted build never leaves a library that disagrees with its manifest. ``jobs``: nvcc
+    default schedule. ``layouts`` (checked_layouts): besides compact rows, the x layouts whose
+    kernels the library holds, a module each (layout_library; per-head rows from a forward's
+    record alone, layout_record). Written to a temporary directory first and moved in whole, so
+    an interrupted build never leaves a library that disagrees with its manifest. ``jobs``: nvcc
     processes at once for a CUDA library (cuda_aot.build_cuda_library; default: the cores).
     """
     from ._tvm import FFI_VERSION, TVM_VERSION
     arch = arch_of(kind, arch)
     records = records or {}
+    layouts = checked_layouts(layouts)
     out_dir = pathlib.Path(out_dir)
     keys = list(dict.fromkeys(keys))
-    funcs, entries = {}, []
+    funcs, entries = {layout: {} for layout in layouts}, []
     for key in keys:
         rec = records.get(key.pack())
-        kfuncs = key_funcs(key, kind, rec)
-        funcs.update(kfuncs)
-        entries.append({"key": key.pack(), "name": key.name, "describe": key.describe(),
-                        "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma,
-                        "symbols": sorted(kfuncs), "origin": "tuned" if rec else "default",
-                        "rows_per_partial": chunk_rows_of(kfuncs),
-                        # tuned, but no sampled candidate beat the default rule's schedule
-                        "default_won": bool(rec and rec.get("default_won")),
-                        "record": record_fingerprint(rec)})
+        entry = {"key": key.pack(), "name": key.name, "describe": key.describe(),
+                 "norm": key.norm, "stage": key.stage, "zero_centered_gamma": key.zero_centered_gamma}
+        for layout in layouts:
+            lrec = layout_record(key, rec, layout)
+            kfuncs = key_funcs(key, kind, lrec, layout)
+            funcs[layout].update(kfuncs)
+            what = {"symbols": sorted(kfuncs), "origin": "tuned" if lrec else "default",
+                    "rows_per_partial": chunk_rows_of(kfuncs), "record": record_fingerprint(lrec)}
+            if layout == "compact":
+                # tuned, but no sampled candidate beat the default rule's schedule
+                entry.update(what, default_won=bool(rec and rec.get("default_won")))
+            else:
+                entry.setdefault("layouts", {})[layout] = what
+        entries.append(entry)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-build-", dir=out_dir.parent))
     try:
-        so = tmp / LIBRARY
-        if kind == "cuda":
-            build_cuda_library(funcs, arch, so, tmp, jobs)
-        else:
-            compile_funcs(funcs, kind, arch).export_library(str(so))
+        for layout in layouts:
+            so = tmp / layout_library(layout)
+            if kind == "cuda":
+                with tempfile.TemporaryDirectory(prefix=f".{layout}-", dir=tmp) as work:
+                    build_cuda_library(funcs[layout], arch, so, work, jobs)
+            else:
+                compile_funcs(funcs[layout], kind, arch).export_library(str(so))
         manifest = {
             "format": FORMAT, "tvmnorm_source_hash": source_hash(), "tvm_version": TVM_VERSION,
             "ffi_version": FFI_VERSION, "target": kind, "arch": arch, "target_spec": target_spec(kind, arch),
-            "library": LIBRARY, "sha256": file_sha256(so),
+            "library": LIBRARY, "sha256": file_sha256(tmp / LIBRARY),
+            # x's other layouts the library holds kernels for, a module each
+            "layouts": {layout: {"library": layout_library(layout), "sha256": file_sha256(tmp / layout_library(layout))}
+                        for layout in layouts if layout != "compact"},
             # whether the kernels that follow another launch with programmatic dependent launch
             "pdl": kind == "cuda" and pdl_enabled(arch),
             "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -341,8 +373,6 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
         kept = {str(k.pack()): records[k.pack()] for k in keys if records.get(k.pack())}
         if kept:
             (tmp / RECORDS).write_text(json.dumps(kept))
-        for leftover in [*tmp.glob("*.cu"), *tmp.glob("*.o")]:
-            leftover.unlink()
         if out_dir.exists():
             old = out_dir.with_name(out_dir.name + ".old")
             shutil.rmtree(old, ignore_errors=True)
@@ -353,6 +383,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
             tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    extra = f" (x layouts: {', '.join(layouts)})" if len(layouts) > 1 else ""
     log(f"built {len(entries)} keys ({sum(e['origin'] == 'tuned' for e in entries)} tuned) -> "
-        f"{out_dir / LIBRARY}")
+        f"{out_dir / LIBRARY}{extra}")
     return manifest

@@ -40,6 +40,22 @@ def add_key_args(p, stages_default="fwd,bwd"):
     p.add_argument("--keys", default=None, help="packed keys (decimal or 0x hex), comma separated")
 
 
+def add_layouts_arg(p):
+    """--layouts: x's layouts a library holds kernels for (build.X_LAYOUTS)."""
+    from .build import checked_layouts
+
+    def layouts(text):
+        try:
+            return checked_layouts(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    p.add_argument("--layouts", type=layouts, default="all",
+                   help="x's layouts the library holds kernels for, a module each: compact (rows hidden apart), "
+                        "strided (rows at one stride: x[..., :hidden] of a wider tensor), heads (per-head rows "
+                        "of a fused qkv), or all (default: all, so that no layout needs TVM's compiler at run "
+                        "time; compact alone builds a third of the code)")
+
+
 def keys_from_args(args) -> list:
     if args.keys:
         return [NormKey.unpack(int(k, 0)) for k in _csv(args.keys)]
@@ -108,7 +124,7 @@ def cmd_build(args):
         keys = [NormKey.unpack(p) for p in records]
         check_arch(keys, args.target)
     out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
-    build_library(keys, args.target, out, records=records, jobs=args.jobs)
+    build_library(keys, args.target, out, records=records, jobs=args.jobs, layouts=args.layouts)
 
 
 def cmd_list(args):
@@ -132,6 +148,9 @@ def cmd_list(args):
         chunk = f", T={e['rows_per_partial']}" if e.get("rows_per_partial") else ""
         won = ": the default rule's schedule measured fastest" if e.get("default_won") else ""
         print(f"{int(e['key']):#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  [{e['origin']}{chunk}{won}]")
+    for layout, info in manifest.get("layouts", {}).items():
+        tuned = sum(e.get("layouts", {}).get(layout, {}).get("origin") == "tuned" for e in manifest["kernels"])
+        print(f"# x layout {layout}: {info['library']} sha256={info['sha256'][:12]}, {tuned} keys from their records")
 
 
 def cmd_tune(args):
@@ -160,6 +179,7 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=None, help="row count to tune at (default: per target)")
     p.add_argument("--no-build", action="store_true", help="do not build the library afterwards")
     p.add_argument("--out", default=None, help="library directory (default: the package's)")
+    add_layouts_arg(p)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--batch", type=int, default=8, help="keys per MetaSchedule session")
     p.add_argument("--build-workers", type=int, default=None,
@@ -186,6 +206,7 @@ def main(argv=None):
     p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
     add_key_args(p)
     p.add_argument("--out", default=None, help="library directory (default: the package's)")
+    add_layouts_arg(p)
     p.add_argument("--no-tuned", action="store_true", help="ignore schedules/ (default schedules only)")
     p.add_argument("--tuned-only", action="store_true", help="only the keys that have tuned records")
     p.add_argument("--schedules", default=None,

@@ -468,18 +468,31 @@ def _elf_problem(path) -> str | None:
     return None
 
 
+def _module_file_problem(so: pathlib.Path, sha256) -> str | None:
+    """What is wrong with a library's module file ``so`` against its manifest's ``sha256``, or None."""
+    if not so.is_file():
+        return "is missing"
+    if file_sha256(so) != sha256:
+        return "does not match the sha256 in its manifest"
+    return _elf_problem(so)
+
+
 class TunedLibrary:
-    """A verified library directory: manifest + libtvmnorm.so."""
+    """A verified library directory: manifest + libtvmnorm.so (+ a module for each other x
+    layout it was built for, build.layout_library, verified on first use)."""
 
     def __init__(self, path, kind: str):
-        from ._tvm import FFI_VERSION, TVM_VERSION, cuda_device_arch, load_module
+        from ._tvm import FFI_VERSION, TVM_VERSION, cuda_device_arch
         self.path = pathlib.Path(path)
         mf = self.path / MANIFEST
         try:
             manifest = json.loads(mf.read_text())
             so = self.path / manifest["library"]
             kernels = {int(e["key"]): e for e in manifest["kernels"]}
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            # layout -> (its module's file, sha256)
+            layout_files = {str(name): (str(info["library"]), str(info["sha256"]))
+                            for name, info in manifest.get("layouts", {}).items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"unreadable manifest {mf}: {e}") from None
         problems = []
         if manifest.get("target") != kind:
@@ -496,29 +509,61 @@ class TunedLibrary:
             problems.append("no CUDA device is available")
         elif manifest.get("arch") != here:
             problems.append(f"built for {manifest.get('arch')}, this machine is {here}")
-        if not so.is_file():
-            problems.append(f"{so.name} is missing")
-        elif file_sha256(so) != manifest.get("sha256"):
-            problems.append(f"{so.name} does not match the sha256 in its manifest")
-        else:
-            bad_elf = _elf_problem(so)
-            if bad_elf:
-                problems.append(f"{so.name} {bad_elf}")
+        bad_file = _module_file_problem(so, manifest.get("sha256"))
+        if bad_file:
+            problems.append(f"{so.name} {bad_file}")
         if problems:
             raise ValueError(f"library {self.path} refused: " + "; ".join(problems))
         self.manifest, self.kernels, self._records = manifest, kernels, None
+        self.module = self._load(so)
+        self._layout_files, self._layout_modules = layout_files, {}
+
+    def _load(self, so: pathlib.Path):
+        from ._tvm import load_module
         try:
-            self.module = load_module(str(so.resolve()))
+            return load_module(str(so.resolve()))
         except Exception as e:  # noqa: BLE001 - a broken .so must not take the process down
             raise ValueError(f"library {self.path} refused: cannot load {so.name}: {e}") from None
 
-    def kernel(self, key: NormKey):
+    def layouts(self) -> tuple:
+        """x's layouts the library holds kernels for (build.X_LAYOUTS), compact first."""
+        return ("compact", *self._layout_files)
+
+    def _layout_module(self, layout: str):
+        """The module of the library's kernels for x in ``layout``, checked as the compact one
+        is (its sha256 in the manifest, a whole ELF file) on first use: a process that never
+        sees such x never reads it. Raises ValueError for a missing or damaged one (each call:
+        the refusal is kept, not the file hashed again)."""
+        if layout not in self._layout_modules:
+            name, sha256 = self._layout_files[layout]
+            so = self.path / name
+            problem = _module_file_problem(so, sha256)
+            try:
+                if problem:
+                    raise ValueError(f"library {self.path}'s {layout} kernels refused: {so.name} {problem}")
+                self._layout_modules[layout] = self._load(so)
+            except ValueError as e:
+                self._layout_modules[layout] = e
+        found = self._layout_modules[layout]
+        if isinstance(found, ValueError):
+            raise found
+        return found
+
+    def kernel(self, key: NormKey, layout: str = "compact"):
+        """The library's kernels of ``key`` for x in ``layout``, or None where it holds none
+        (no such key, or a layout it was not built for)."""
         entry = self.kernels.get(key.pack())
-        if entry is None:
+        if entry is None or layout not in self.layouts():
             return None
-        # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
-        return _kernel_from_module(key, self.manifest["target"], self.module, entry["origin"] == "tuned",
-                                   f"library:{entry['origin']}", entry.get("rows_per_partial"))
+        if layout == "compact":
+            # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
+            return _kernel_from_module(key, self.manifest["target"], self.module, entry["origin"] == "tuned",
+                                       f"library:{entry['origin']}", entry.get("rows_per_partial"))
+        what = entry.get("layouts", {}).get(layout)
+        if what is None:
+            return None
+        return _kernel_from_module(key, self.manifest["target"], self._layout_module(layout), what["origin"] == "tuned",
+                                   f"library:{what['origin']}:{layout}", what.get("rows_per_partial"), layout=layout)
 
     def record(self, key: NormKey) -> dict | None:
         """The record the library's kernels of ``key`` were built from (build.RECORDS), or None:
@@ -599,10 +644,10 @@ class Registry:
 
     def get(self, key: NormKey, kind: str, layout: str = "compact") -> NormKernel:
         """``layout``: how the kernels' x lies in memory (build.X_LAYOUTS); other than "compact"
-        from the default-kernel cache (a library holds compact rows' kernels alone): compiled
-        from the library's record of the key where it has one (TunedLibrary.record; for
-        per-head rows a forward's alone, build.layout_record), else the default schedule's,
-        without a FallbackWarning."""
+        the library's kernels for it where it was built with them, else from the default-kernel
+        cache: compiled from the library's record of the key where it has one
+        (TunedLibrary.record; for per-head rows a forward's alone, build.layout_record), else
+        the default schedule's, without a FallbackWarning."""
         if not isinstance(key, NormKey):
             raise TypeError(f"key must be a NormKey, got {type(key).__name__}")
         if kind not in KINDS:
@@ -615,8 +660,10 @@ class Registry:
                 return hit
             lib = self.library(kind)
             if layout != "compact":
-                kernel = self._default(key, kind, layout,
-                                       layout_record(key, lib.record(key) if lib is not None else None, layout))
+                kernel = self._library_layout(lib, key, layout)
+                if kernel is None:
+                    kernel = self._default(key, kind, layout,
+                                           layout_record(key, lib.record(key) if lib is not None else None, layout))
             else:
                 kernel = lib.kernel(key) if lib is not None else None
                 if kernel is None:
@@ -626,6 +673,19 @@ class Registry:
                     kernel = self._default(key, kind)
             self._kernels[(key, kind, layout)] = kernel
             return kernel
+
+    def _library_layout(self, lib, key, layout):
+        """The library's kernels of ``key`` for x in ``layout``, or None: none there, or the
+        layout's module refused (said once, with why; the runtime compiles them instead)."""
+        if lib is None:
+            return None
+        try:
+            return lib.kernel(key, layout)
+        except ValueError as e:
+            if (lib.path, layout) not in self._warned:
+                self._warned.add((lib.path, layout))
+                warnings.warn(f"{e}. They are compiled on first use instead.", LibraryRefused, stacklevel=4)
+            return None
 
     def _default(self, key, kind, layout: str = "compact", record: dict | None = None):
         """The default schedule's kernels of a key (or ``record``'s, with x in another

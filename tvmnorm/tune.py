@@ -675,7 +675,7 @@ def tune_main(args, keys) -> None:
         from .build import build_library
         from .runtime import DEFAULT_LIBRARY_ROOT
         out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / kind
-        build_library(keys, kind, out, records=records)
+        build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
 
 
 def _bench_runs(bench: dict) -> dict:
