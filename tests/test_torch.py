@@ -118,19 +118,23 @@ def check_fwd_bwd(norm, x, w, b, eps, gen, zc=False, out_dtype=None, fn=None):
     ins = [x, w] + ([b] if b is not None else [])
     grads = torch.autograd.grad(y, ins, dy)
     refs = torch.autograd.grad(yr, [xr, wr] + ([br] if br is not None else []), dy.double())
-    # the size of the terms each gradient combines: rsigma * |dy * g| for dx, sqrt(rows) * |dy|
-    # * (|x| + |mu|) * rsigma for dweight (x - mu cancels), sqrt(rows) * |dy| for dbias
+    for name, got, want, t, sc in zip(("dx", "dweight", "dbias"), grads, refs, ins, grad_scales(norm, x, w, dy, eps, zc)):
+        assert got.dtype == t.dtype, f"{name} dtype {got.dtype} != input dtype {t.dtype}"
+        assert_close(name, got, want, scale=sc)
+
+
+def grad_scales(norm, x, w, dy, eps, zc) -> tuple:
+    """The size of the terms each gradient combines: rsigma * |dy * g| for dx, sqrt(rows) * |dy|
+    * (|x| + |mu|) * rsigma for dweight (x - mu cancels), sqrt(rows) * |dy| for dbias."""
     xd = x.detach().double()
     centred = xd - xd.mean(-1, keepdim=True) if norm == "layernorm" else xd
     rs = (centred.square().mean(-1) + eps).rsqrt()
-    g = wr.detach() + 1 if zc else wr.detach()
+    g = w.detach().double() + 1 if zc else w.detach().double()
     rows = max(1, x.numel() // x.shape[-1])
     dyd = dy.double().abs().max()
-    scales = (float((rs.max() * dyd * g.abs().max())), float(math.sqrt(rows) * dyd * ((xd.abs() + xd.mean(-1, keepdim=True).abs()) * rs[..., None]).max()),
-              float(math.sqrt(rows) * dyd))
-    for name, got, want, t, sc in zip(("dx", "dweight", "dbias"), grads, refs, ins, scales):
-        assert got.dtype == t.dtype, f"{name} dtype {got.dtype} != input dtype {t.dtype}"
-        assert_close(name, got, want, scale=sc)
+    return (float((rs.max() * dyd * g.abs().max())),
+            float(math.sqrt(rows) * dyd * ((xd.abs() + xd.mean(-1, keepdim=True).abs()) * rs[..., None]).max()),
+            float(math.sqrt(rows) * dyd))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +230,127 @@ def test_double_backward_is_refused(gen):
     (gx,) = torch.autograd.grad(tn.rms_norm(x, w), (x,), dy, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------
+# residual add + norm (rms_norm_add, layer_norm_add)
+
+
+def run_add(norm, x, r, w, b, eps, **kw):
+    if norm == "rmsnorm":
+        return tn.rms_norm_add(x, r, w, eps, **kw)
+    return tn.layer_norm_add(x, r, w, b, eps, **kw)
+
+
+def check_add_norm(norm, x, r, w, b, eps, gen, zc=False, out_dtype=None, fn=None):
+    """(y, h) of a residual add + norm (or ``fn``: (x, r) -> (y, h)) against float64: h = x +
+    residual rounded to x's dtype (torch's add), y the norm of that h, and the gradients of x,
+    residual and the weights for random dy and dh (x's and residual's: dh + the norm's dx)."""
+    y, h = fn(x, r) if fn else run_add(norm, x, r, w, b, eps, zero_centered_gamma=zc, out_dtype=out_dtype)
+    assert y.shape == h.shape == x.shape and y.dtype == (out_dtype or x.dtype) and h.dtype == x.dtype
+    want_h = (x.detach().double() + r.detach().double()).to(x.dtype)
+    assert torch.equal(h.detach(), want_h.to(h.device)), "h is not x + residual"
+    hr, wr, br, yr = reference(norm, want_h, w, b, eps, zc)
+    assert_close("y", y, yr)
+    dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(device=y.device, dtype=y.dtype)
+    dh = torch.randn(h.shape, generator=gen, dtype=torch.float64).to(device=h.device, dtype=h.dtype)
+    weights = [w] + ([b] if b is not None else [])
+    grads = torch.autograd.grad((y, h), [x, r, *weights], (dy, dh))
+    refs = torch.autograd.grad(yr, [hr, wr] + ([br] if br is not None else []), dy.double())
+    dx_scale, *w_scales = grad_scales(norm, want_h, w, dy, eps, zc)
+    want_dx = refs[0] + dh.double()
+    assert_close("dx", grads[0], want_dx, scale=dx_scale)
+    assert_close("dresidual", grads[1], want_dx, scale=dx_scale)
+    for name, got, want, t, sc in zip(("dweight", "dbias"), grads[2:], refs[1:], weights, w_scales):
+        assert got.dtype == t.dtype, f"{name} dtype {got.dtype} != input dtype {t.dtype}"
+        assert_close(name, got, want, scale=sc)
+
+
+@pytest.mark.parametrize("zc", (False, True))
+@pytest.mark.parametrize("hidden", (1, 128, 1000))
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_add_norm_matches_float64(norm, dtype, hidden, zc, gen):
+    dtype, lead = DTYPES[dtype], leading_shape(gen, hidden)
+    x = rand(gen, (*lead, hidden), dtype, offset=1.0, requires_grad=True)
+    r = rand(gen, (*lead, hidden), dtype, requires_grad=True)
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(dtype).requires_grad_()
+    b = (0.5 * torch.randn(hidden, generator=gen)).to(dtype).requires_grad_()
+    check_add_norm(norm, x, r, w, b if norm == "layernorm" else None, 1e-5, gen, zc=zc)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_add_norm_backward_is_one_bwd_add_kernel(norm, monkeypatch, gen):
+    """The forward is torch's add and the norm's forward kernel on h; the backward one kernel,
+    the bwd_add stage, given dh (the dx a plain norm's backward would write, then add to, is not
+    made); with y's gradient alone the plain backward, with h's alone no kernel at all."""
+    spy = Spy(monkeypatch)
+    x, r = rand(gen, (4, 3, 128), requires_grad=True), rand(gen, (4, 3, 128), requires_grad=True)
+    w, b = torch.randn(128, generator=gen).requires_grad_(), torch.randn(128, generator=gen).requires_grad_()
+    bias = [b] if norm == "layernorm" else []
+    y, h = run_add(norm, x, r, w, b, 1e-5)
+    assert [k.key.stage for k, _ in spy.calls] == ["fwd"] and spy.calls[0][1][0] == h.data_ptr()
+    dy, dh = torch.randn(y.shape, generator=gen), torch.randn(h.shape, generator=gen)
+    torch.autograd.grad((y, h), [x, r, w, *bias], (dy, dh))
+    (k, ptrs), = spy.calls[1:]
+    assert k.key.stage == "bwd_add" and dh.data_ptr() in ptrs
+    spy.calls.clear()
+    y, h = run_add(norm, x, r, w, b, 1e-5)
+    gx, gr, gw, *gb = torch.autograd.grad(y, [x, r, w, *bias], dy)
+    assert [k.key.stage for k, _ in spy.calls] == ["fwd", "bwd"]
+    want = torch.autograd.grad(run(norm, x + r, w, b, 1e-5), [x, w, *bias], dy)
+    for got, ref in zip((gx, gw, *gb), want):
+        torch.testing.assert_close(got, ref)
+    assert torch.equal(gx, gr)
+    spy.calls.clear()
+    y, h = run_add(norm, x, r, w, b, 1e-5)
+    gx, gr, gw, *gb = torch.autograd.grad(h, [x, r, w, *bias], dh, allow_unused=True)
+    assert [k.key.stage for k, _ in spy.calls] == ["fwd"]
+    assert torch.equal(gx, dh) and torch.equal(gr, dh) and not gw.any() and all(not g.any() for g in gb)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_add_norm_gradcheck_fp64(norm, gen):
+    x = rand(gen, (2, 3, 7), torch.float64, offset=1.0, requires_grad=True)
+    r = rand(gen, (2, 3, 7), torch.float64, requires_grad=True)
+    w = torch.randn(7, generator=gen, dtype=torch.float64).requires_grad_()
+    b = torch.randn(7, generator=gen, dtype=torch.float64).requires_grad_()
+    if norm == "rmsnorm":
+        fn, ins = (lambda x, r, w: tn.rms_norm_add(x, r, w, 1e-6)), (x, r, w)
+        op = lambda x, r, w: torch.ops.tvmnorm.rms_norm_add_fwd(x, r, w, 1e-6, True, torch.float64)[:2]  # noqa: E731
+    else:
+        fn, ins = (lambda x, r, w, b: tn.layer_norm_add(x, r, w, b, 1e-5)), (x, r, w, b)
+        op = lambda x, r, w, b: torch.ops.tvmnorm.layer_norm_add_fwd(x, r, w, b, 1e-5, True, torch.float64)[:2]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, ins)
+    assert torch.autograd.gradcheck(op, ins)  # the registered op's autograd (torch.compile's)
+
+
+def test_add_norm_strided_x_and_module(gen):
+    """x and residual in any layout (their sum is compact), out_dtype, and the modules'
+    forward(x, residual) -> (y, h), as vLLM's norm layers take it."""
+    qkv = rand(gen, (6, 3 * 128), torch.bfloat16, offset=1.0)
+    x, r = qkv[:, 128:256].requires_grad_(), rand(gen, (6, 128), torch.bfloat16, requires_grad=True)
+    w = (1 + 0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16).requires_grad_()
+    check_add_norm("rmsnorm", x, r, w, None, 1e-6, gen, out_dtype=torch.float32)
+    for kind in (tn.RMSNorm, tn.LayerNorm):
+        m = kind(128, eps=1e-6)
+        with torch.no_grad():
+            m.weight.copy_(w.float())
+        xf, rf = x.detach().float().view(2, 3, 128).requires_grad_(), r.detach().float().view(2, 3, 128).requires_grad_()
+        check_add_norm("rmsnorm" if kind is tn.RMSNorm else "layernorm", xf, rf, m.weight, getattr(m, "bias", None),
+                       1e-6, gen, fn=m)
+
+
+def test_add_norm_bad_input_messages(gen):
+    x, w = rand(gen, (3, 128)), torch.ones(128)
+    with pytest.raises(ValueError, match=r"rms_norm_add: residual must have x's shape \[3, 128\], got \[1, 128\]"):
+        tn.rms_norm_add(x, x[:1], w)
+    with pytest.raises(TypeError, match="residual .torch.bfloat16. must have x's dtype .torch.float32."):
+        tn.layer_norm_add(x, x.bfloat16(), w, None)
+    with pytest.raises(TypeError, match="residual must be a torch.Tensor, got float"):
+        tn.rms_norm_add(x, 1.0, w)
+    with pytest.raises(ValueError, match="weight must have shape \\[128\\]"):
+        tn.rms_norm_add(x, x, torch.ones(64))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,6 +621,10 @@ OPS = [
     ("layer_norm_fwd", lambda x, w, b: (x, w, b, 1e-5, True, torch.float32)),
     ("rms_norm_fp8", lambda x, w, b: (x, w, torch.tensor([2.0]), 1e-6, False, torch.float8_e4m3fn)),
     ("layer_norm_fp8", lambda x, w, b: (x, w, b, torch.tensor([2.0]), 1e-5, False, torch.float8_e5m2)),
+    ("rms_norm_add_fwd", lambda x, w, b: (x, torch.randn(x.shape).requires_grad_(x.requires_grad), w, 1e-6, False,
+                                          x.dtype)),
+    ("layer_norm_add_fwd", lambda x, w, b: (x, torch.randn(x.shape).requires_grad_(x.requires_grad), w, b, 1e-5,
+                                            True, torch.bfloat16)),
 ]
 
 
@@ -599,6 +728,39 @@ def test_compile_inductor(gen):
     torch.testing.assert_close(gxc, gxe, rtol=1e-4, atol=1e-4)
     for gc, ge in zip(gpc, gpe, strict=True):
         torch.testing.assert_close(gc, ge, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ("aot_eager", "inductor"))
+def test_compile_add_norm(backend, gen):
+    """A pre-norm block's residual add + norm compiled whole (fullgraph): the registered ops
+    (tvmnorm.*_add_fwd, whose registered backward is tvmnorm.*_bwd_add) in the graph, y, h and
+    every gradient as in eager."""
+    lin = torch.nn.Linear(128, 128)
+    norm_rms, norm_ln = tn.RMSNorm(128, eps=1e-6), tn.LayerNorm(128)
+    with torch.no_grad():
+        norm_rms.weight.add_(0.3 * torch.randn(128, generator=gen))
+        norm_ln.bias.add_(0.3 * torch.randn(128, generator=gen))
+
+    def block(x, res):
+        y, h = norm_rms(x, res)
+        y2, h2 = norm_ln(lin(y), h)
+        return y2 * 2 + h2
+
+    params = [lin.weight, lin.bias, norm_rms.weight, norm_ln.weight, norm_ln.bias]
+    x, res = rand(gen, (2, 5, 128)), rand(gen, (2, 5, 128), offset=1.0)
+    results = []
+    torch._dynamo.reset()
+    for fn in (block, torch.compile(block, backend=backend, fullgraph=True)):
+        xi, ri = x.clone().requires_grad_(), res.clone().requires_grad_()
+        out = fn(xi, ri)
+        grads = torch.autograd.grad(out, [xi, ri, *params], torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view_as(out))
+        results.append((out.detach(), *grads))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    explanation = torch._dynamo.explain(block)(x, res)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    code = explanation.graphs[0].code
+    assert "tvmnorm.rms_norm_add_fwd" in code and "tvmnorm.layer_norm_add_fwd" in code, code
 
 
 def test_compile_per_head_view(gen):

@@ -295,7 +295,10 @@ def ln_fwd_fp8(x, w, b, scale, eps: float, zc: bool, fp8_dtype):
     return y, amax
 
 
-def rms_bwd(dy, x, rs, w, zc: bool):
+def rms_bwd(dy, x, rs, w, zc: bool, dz=None):
+    """dx and dweight; ``dz`` (compact, x's dtype and shape): a gradient that reaches x around
+    the norm (a residual branch's), added into dx by the kernel (stage bwd_add) instead of by
+    another pass over dx."""
     hidden, rows = x.shape[-1], rows_of(x)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     if not rows:
@@ -303,18 +306,21 @@ def rms_bwd(dy, x, rs, w, zc: bool):
         return dx, torch.zeros_like(w)
     dw = torch.empty_like(w)
     layout, xk = x_operand(x, hidden)
-    kernel("rmsnorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, layout)(
-        rows2d(dy, hidden), xk, rs, w, rows2d(dx, hidden), dw)
+    add = () if dz is None else (rows2d(dz, hidden),)
+    kernel("rmsnorm", "bwd" if dz is None else "bwd_add", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, layout)(
+        rows2d(dy, hidden), xk, rs, w, *add, rows2d(dx, hidden), dw)
     return dx, dw
 
 
-def ln_bwd(dy, x, mu, rs, w, zc: bool):
+def ln_bwd(dy, x, mu, rs, w, zc: bool, dz=None):
+    """dx, dweight and dbias; ``dz`` as in rms_bwd."""
     hidden, rows = x.shape[-1], rows_of(x)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     if not rows:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
     layout, xk = x_operand(x, hidden)
-    kernel("layernorm", "bwd", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda, layout)(
-        rows2d(dy, hidden), xk, mu, rs, w, rows2d(dx, hidden), dw, db)
+    add = () if dz is None else (rows2d(dz, hidden),)
+    kernel("layernorm", "bwd" if dz is None else "bwd_add", x.dtype, w.dtype, dy.dtype, hidden, zc, x.is_cuda,
+           layout)(rows2d(dy, hidden), xk, mu, rs, w, *add, rows2d(dx, hidden), dw, db)
     return dx, dw, db

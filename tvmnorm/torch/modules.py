@@ -3,7 +3,9 @@
 The modules subclass torch.nn.RMSNorm / torch.nn.LayerNorm: same constructor arguments, same
 parameters and state_dict keys (``weight``, ``bias``), and ``isinstance(m, torch.nn.LayerNorm)``
 still holds, so code that special-cases norms (weight-decay groups, HF ``_init_weights``,
-FSDP wrap policies) treats them as before. Only ``forward`` (and the zero-centred init) differ.
+FSDP wrap policies) treats them as before. Only ``forward`` (and the zero-centred init) differ;
+``forward(x, residual)`` returns ``(y, h)`` with h = x + residual normalized, as vLLM's norm
+layers do (tvmnorm.torch.rms_norm_add).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import math
 
 import torch
 
-from .ops import layer_norm, rms_norm
+from .ops import layer_norm, layer_norm_add, rms_norm, rms_norm_add
 
 
 def _flatten(module, x):
@@ -53,10 +55,14 @@ class RMSNorm(_ZeroCenteredGamma, torch.nn.RMSNorm):
         self.zero_centered_gamma = bool(zero_centered_gamma)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """``y``; with ``residual``, ``(y, h)``: h = x + residual normalized (rms_norm_add)."""
         x2 = _flatten(self, x)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         weight = None if self.weight is None else self.weight.view(-1)
+        if residual is not None:
+            y, h = rms_norm_add(x2, _flatten(self, residual), weight, eps, zero_centered_gamma=self.zero_centered_gamma)
+            return y.view(x.shape), h.view(x.shape)
         return rms_norm(x2, weight, eps, zero_centered_gamma=self.zero_centered_gamma).view(x.shape)
 
 
@@ -69,10 +75,15 @@ class LayerNorm(_ZeroCenteredGamma, torch.nn.LayerNorm):
         self.zero_centered_gamma = bool(zero_centered_gamma)
         super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """``y``; with ``residual``, ``(y, h)``: h = x + residual normalized (layer_norm_add)."""
         x2 = _flatten(self, x)
         weight = None if self.weight is None else self.weight.view(-1)
         bias = None if self.bias is None else self.bias.view(-1)
+        if residual is not None:
+            y, h = layer_norm_add(x2, _flatten(self, residual), weight, bias, self.eps,
+                                  zero_centered_gamma=self.zero_centered_gamma)
+            return y.view(x.shape), h.view(x.shape)
         return layer_norm(x2, weight, bias, self.eps, zero_centered_gamma=self.zero_centered_gamma).view(x.shape)
 
 

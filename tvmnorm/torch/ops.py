@@ -10,6 +10,9 @@ Layers, thinnest first (STYLE.md lesson 6):
                        the same impls and the same backward; what torch.compile sees
     rms_norm, ...      the public functions, picking one of the two
 
+rms_norm_add and layer_norm_add (residual add, then the norm) add with torch and run the norm's
+backward as its bwd_add kernel, which adds the residual stream's gradient into dx.
+
 Why two autograd wrappers around one implementation: a custom op goes through the dispatcher,
 which costs ~14 us per call on the CPU against ~5 us for an autograd.Function (torch 2.13), and a
 norm is a small kernel. Dynamo cannot trace into a TVM call, so while compiling the public
@@ -51,6 +54,52 @@ def _rms_bwd_impl(dy, x, rs, w, zc):
 def _ln_bwd_impl(dy, x, mu, rs, w, zc):
     hidden = x.shape[-1]
     return _host.ln_bwd(_host.compact_grad(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc)
+
+
+def _residual_sum(op, x, residual):
+    """h = x + residual, the input of a residual add + norm: the same shape, dtype and device."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"{op}: residual must be a torch.Tensor, got {type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise ValueError(f"{op}: residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"{op}: residual ({residual.dtype}) must have x's dtype ({x.dtype}): their sum h is "
+                        f"returned in it, and its gradient is theirs")
+    if residual.device != x.device:
+        raise ValueError(f"{op}: x is on {x.device} but residual is on {residual.device}")
+    return torch.add(x, residual)
+
+
+def _rms_add_fwd_impl(x, residual, w, eps, zc, out_dtype):
+    h = _residual_sum("rms_norm_add", x, residual)
+    y, rs = _rms_fwd_impl(h, w, eps, zc, out_dtype, op="rms_norm_add")
+    return y, h, rs
+
+
+def _ln_add_fwd_impl(x, residual, w, b, eps, zc, out_dtype):
+    h = _residual_sum("layer_norm_add", x, residual)
+    y, mu, rs = _ln_fwd_impl(h, w, b, eps, zc, out_dtype, op="layer_norm_add")
+    return y, h, mu, rs
+
+
+def _add_grads(dy, dh, h, w, bwd, weights: int):
+    """The gradients of a residual add + norm (h's, which x's and residual's are, then the
+    weights'): the norm's backward ``bwd(dy, dz)`` with dh, the gradient reaching h around the
+    norm, added into its dx by the kernel (bwd_add). Either may be None (its output unused)."""
+    if dy is None:
+        zeros = tuple(torch.zeros_like(w) for _ in range(weights))
+        return (dh if dh is not None else torch.zeros_like(h)), *zeros
+    return bwd(dy, None if dh is None else _host.compact_grad(dh, h.shape[-1]))
+
+
+def _rms_add_bwd_impl(dy, dh, h, rs, w, zc):
+    return _add_grads(dy, dh, h, w, lambda dy, dz: _host.rms_bwd(
+        _host.compact_grad(dy, h.shape[-1]), h, rs, _host.compact_weight(w, h.shape[-1]), zc, dz), 1)
+
+
+def _ln_add_bwd_impl(dy, dh, h, mu, rs, w, zc):
+    return _add_grads(dy, dh, h, w, lambda dy, dz: _host.ln_bwd(
+        _host.compact_grad(dy, h.shape[-1]), h, mu, rs, _host.compact_weight(w, h.shape[-1]), zc, dz), 2)
 
 
 def _rms_fp8_impl(x, w, scale, eps, zc, fp8_dtype, op="rms_norm_fp8"):
@@ -114,6 +163,44 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, mu, rs = ctx.saved_tensors
         dx, dw, db = _ln_bwd_impl(dy, x, mu, rs, weight, ctx.zc)
         return dx, dw, db, None, None, None
+
+
+class RMSNormAddFunction(torch.autograd.Function):
+    """(y, h): h = x + residual, y = rms_norm(h); the backward one bwd_add kernel (see rms_norm_add)."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, zero_centered_gamma, out_dtype):
+        y, h, rs = _rms_add_fwd_impl(x, residual, weight, eps, zero_centered_gamma, out_dtype)
+        ctx.save_for_backward(h, weight, rs)
+        ctx.zc = zero_centered_gamma
+        ctx.set_materialize_grads(False)  # an unused output's gradient is None, not a tensor of zeros
+        return y, h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh):
+        h, weight, rs = ctx.saved_tensors
+        dx, dw = _rms_add_bwd_impl(dy, dh, h, rs, weight, ctx.zc)
+        return dx, dx, dw, None, None, None
+
+
+class LayerNormAddFunction(torch.autograd.Function):
+    """(y, h): h = x + residual, y = layer_norm(h); the backward one bwd_add kernel."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, zero_centered_gamma, out_dtype):
+        y, h, mu, rs = _ln_add_fwd_impl(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)
+        ctx.save_for_backward(h, weight, mu, rs)
+        ctx.zc = zero_centered_gamma
+        ctx.set_materialize_grads(False)
+        return y, h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh):
+        h, weight, mu, rs = ctx.saved_tensors
+        dx, dw, db = _ln_add_bwd_impl(dy, dh, h, mu, rs, weight, ctx.zc)
+        return dx, dx, dw, db, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +289,97 @@ def _ln_backward(ctx, dy, _dmu, _drsigma):
 
 
 layer_norm_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
+
+
+@torch.library.custom_op("tvmnorm::rms_norm_add_fwd", mutates_args=())
+def rms_norm_add_fwd(x: Tensor, residual: Tensor, weight: Tensor, eps: float, zero_centered_gamma: bool,
+                     out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (y in out_dtype, h = x + residual, rsigma [rows]), y and h shaped like x."""
+    return _rms_add_fwd_impl(x, residual, weight, eps, zero_centered_gamma, out_dtype)
+
+
+@rms_norm_add_fwd.register_fake
+def _(x, residual, weight, eps, zero_centered_gamma, out_dtype):
+    _check_residual_fake("rms_norm_add", x, residual, [("weight", weight)], out_dtype)
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(x.shape),
+            x.new_empty((_host.rows_of(x),), dtype=_host.stat_dtype(x.dtype)))
+
+
+@torch.library.custom_op("tvmnorm::rms_norm_bwd_add", mutates_args=())
+def rms_norm_bwd_add(dy: Tensor, dh: Tensor, h: Tensor, rsigma: Tensor, weight: Tensor,
+                     zero_centered_gamma: bool) -> tuple[Tensor, Tensor]:
+    """-> (dx = dh + the norm's dx, like h; dweight)."""
+    return _rms_add_bwd_impl(dy, dh, h, rsigma, weight, zero_centered_gamma)
+
+
+@rms_norm_bwd_add.register_fake
+def _(dy, dh, h, rsigma, weight, zero_centered_gamma):
+    return h.new_empty(h.shape), weight.new_empty((h.shape[-1],))
+
+
+def _rms_add_setup(ctx, inputs, output):
+    _, _, weight, _, zc, _ = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+    ctx.zc = zc
+
+
+def _rms_add_backward(ctx, dy, dh, _drsigma):
+    h, weight, rs = ctx.saved_tensors
+    dx, dw = rms_norm_bwd_add(dy, dh, h, rs, weight, ctx.zc)
+    return dx, dx, dw, None, None, None
+
+
+rms_norm_add_fwd.register_autograd(_rms_add_backward, setup_context=_rms_add_setup)
+
+
+@torch.library.custom_op("tvmnorm::layer_norm_add_fwd", mutates_args=())
+def layer_norm_add_fwd(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                       zero_centered_gamma: bool, out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """-> (y in out_dtype, h = x + residual, mu [rows], rsigma [rows])."""
+    return _ln_add_fwd_impl(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)
+
+
+@layer_norm_add_fwd.register_fake
+def _(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype):
+    _check_residual_fake("layer_norm_add", x, residual, [("weight", weight), ("bias", bias)], out_dtype)
+    sd = _host.stat_dtype(x.dtype)
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(x.shape), x.new_empty((_host.rows_of(x),), dtype=sd),
+            x.new_empty((_host.rows_of(x),), dtype=sd))
+
+
+@torch.library.custom_op("tvmnorm::layer_norm_bwd_add", mutates_args=())
+def layer_norm_bwd_add(dy: Tensor, dh: Tensor, h: Tensor, mu: Tensor, rsigma: Tensor, weight: Tensor,
+                       zero_centered_gamma: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (dx = dh + the norm's dx, like h; dweight; dbias)."""
+    return _ln_add_bwd_impl(dy, dh, h, mu, rsigma, weight, zero_centered_gamma)
+
+
+@layer_norm_bwd_add.register_fake
+def _(dy, dh, h, mu, rsigma, weight, zero_centered_gamma):
+    return h.new_empty(h.shape), weight.new_empty((h.shape[-1],)), weight.new_empty((h.shape[-1],))
+
+
+def _ln_add_setup(ctx, inputs, output):
+    _, _, weight, _, _, zc, _ = inputs
+    ctx.save_for_backward(output[1], weight, output[2], output[3])
+    ctx.zc = zc
+
+
+def _ln_add_backward(ctx, dy, dh, _dmu, _drsigma):
+    h, weight, mu, rs = ctx.saved_tensors
+    dx, dw, db = layer_norm_bwd_add(dy, dh, h, mu, rs, weight, ctx.zc)
+    return dx, dx, dw, db, None, None, None
+
+
+layer_norm_add_fwd.register_autograd(_ln_add_backward, setup_context=_ln_add_setup)
+
+
+def _check_residual_fake(op, x, residual, weights, out_dtype):
+    """The checks the real implementation makes, on fake tensors (shapes, dtypes, devices)."""
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        _residual_sum(op, x, residual)  # raises, naming what differs
+    _host.check_dtypes(op, x, weights, out_dtype)
+    _host.check_x(op, torch.empty_like(x, memory_format=torch.contiguous_format), weights)  # the norm's input is h
 
 
 @torch.library.custom_op("tvmnorm::rms_norm_fp8", mutates_args=())
@@ -294,6 +472,40 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps:
     if _needs_grad(x, weight, bias):
         return LayerNormFunction.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)
     return _ln_fwd_impl(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
+
+
+def rms_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *,
+                 zero_centered_gamma: bool = False, out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+    """Residual add, then RMSNorm: ``h = x + residual`` and ``y = rms_norm(h, weight, eps)``;
+    returns ``(y, h)``, h the residual stream's next value (a pre-norm block's
+    ``residual = x + residual; x = norm(residual)``, as vLLM's ``fused_add_rms_norm`` and Liger's
+    ``LigerFusedAddRMSNorm``, out of place). x and residual share shape, dtype and device; h is
+    compact in that dtype. The backward is one kernel (stage bwd_add): h's gradient from its
+    other uses is added into the norm's dx as it is written, where autograd over
+    ``rms_norm(x + residual)`` adds it in another pass; x and residual get that gradient."""
+    weight, _ = _affine("rms_norm_add", x, weight, None, zero_centered_gamma, False)
+    _check_tensor("rms_norm_add", "residual", residual)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if torch.compiler.is_compiling():
+        return rms_norm_add_fwd(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
+    if _needs_grad(x, residual, weight):
+        return RMSNormAddFunction.apply(x, residual, weight, eps, zero_centered_gamma, out_dtype)
+    return _rms_add_fwd_impl(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
+
+
+def layer_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float = 1e-5,
+                   *, zero_centered_gamma: bool = False,
+                   out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+    """Residual add, then LayerNorm: ``(y, h)`` with ``h = x + residual``, ``y = layer_norm(h, weight,
+    bias, eps)``, as :func:`rms_norm_add`."""
+    weight, bias = _affine("layer_norm_add", x, weight, bias, zero_centered_gamma, True)
+    _check_tensor("layer_norm_add", "residual", residual)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if torch.compiler.is_compiling():
+        return layer_norm_add_fwd(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
+    if _needs_grad(x, residual, weight, bias):
+        return LayerNormAddFunction.apply(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)
+    return _ln_add_fwd_impl(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
 
 
 def _scale_tensor(op, scale, x):
