@@ -244,12 +244,12 @@ def run_add(norm, x, r, w, b, eps, **kw):
 
 def check_add_norm(norm, x, r, w, b, eps, gen, zc=False, out_dtype=None, fn=None):
     """(y, h) of a residual add + norm (or ``fn``: (x, r) -> (y, h)) against float64: h = x +
-    residual rounded to x's dtype (torch's add), y the norm of that h, and the gradients of x,
+    residual in x's dtype (torch's add), y the norm of that h, and the gradients of x,
     residual and the weights for random dy and dh (x's and residual's: dh + the norm's dx)."""
     y, h = fn(x, r) if fn else run_add(norm, x, r, w, b, eps, zero_centered_gamma=zc, out_dtype=out_dtype)
     assert y.shape == h.shape == x.shape and y.dtype == (out_dtype or x.dtype) and h.dtype == x.dtype
-    want_h = (x.detach().double() + r.detach().double()).to(x.dtype)
-    assert torch.equal(h.detach(), want_h.to(h.device)), "h is not x + residual"
+    want_h = x.detach() + r.detach()  # rounded to x's dtype as the op rounds it
+    assert torch.equal(h.detach(), want_h), "h is not x + residual"
     hr, wr, br, yr = reference(norm, want_h, w, b, eps, zc)
     assert_close("y", y, yr)
     dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(device=y.device, dtype=y.dtype)

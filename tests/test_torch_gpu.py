@@ -20,8 +20,8 @@ pytestmark = [
 from conftest import captured  # noqa: E402
 import tvmnorm.torch as tn  # noqa: E402
 from tvmnorm.torch import _host  # noqa: E402
-from test_torch import (DTYPES, HIDDENS, Block, Model, Spy, assert_close, check_fwd_bwd,  # noqa: E402
-                        fp8_reference, fused_qkv_heads, rand, run)
+from test_torch import (DTYPES, HIDDENS, Block, Model, Spy, assert_close, check_add_norm,  # noqa: E402
+                        check_fwd_bwd, fp8_reference, fused_qkv_heads, rand, run)
 
 DEV = "cuda"
 
@@ -213,6 +213,22 @@ def test_per_head_rows_cuda(norm, dtype, lead, heads, kv_heads, head_dim, part, 
     w = (1 + 0.5 * torch.randn(head_dim, generator=gen)).to(DEV, dtype).requires_grad_()
     b = (0.5 * torch.randn(head_dim, generator=gen)).to(DEV, dtype).requires_grad_() if norm == "layernorm" else None
     check_fwd_bwd(norm, x, w, b, 1e-5, gen)
+
+
+@pytest.mark.parametrize("lead", [(1,), (3, 7), (2, 1500)], ids=["1", "3x7", "2x1500"])
+@pytest.mark.parametrize("hidden", (128, 1000, 4096, 7168))
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_add_norm_cuda(norm, dtype, hidden, lead, gen):
+    """Residual add + norm on the GPU: y and h, and the backward's bwd_add kernel (h's gradient
+    added into dx: the decode backward at 1 and 21 rows, the dx at its own T at 3000), right
+    against float64."""
+    dt = DTYPES[dtype]
+    x = rand(gen, lead + (hidden,), dt, offset=2.0, requires_grad=True, device=DEV)
+    r = rand(gen, lead + (hidden,), dt, requires_grad=True, device=DEV)
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(DEV, dt).requires_grad_()
+    b = (0.5 * torch.randn(hidden, generator=gen)).to(DEV, dt).requires_grad_() if norm == "layernorm" else None
+    check_add_norm(norm, x, r, w, b, 1e-5, gen)
 
 
 @pytest.mark.parametrize("layout", ("strided", "heads"))
