@@ -35,7 +35,11 @@ def liger_add_rms_norm(hidden: int, w, eps: float):
     m = LigerFusedAddRMSNorm(hidden, eps=eps).to(device=w.device, dtype=w.dtype)
     with torch.no_grad():
         m.weight.copy_(w)
-    return lambda x, r, w, b: m(x, r)
+
+    def call(x, r, w, b):
+        return m(x, r)
+    call.weight = m.weight  # the weight whose gradient it computes: its own
+    return call
 
 
 def impls(norm: str, hidden: int, w) -> dict:
@@ -63,13 +67,15 @@ def impls(norm: str, hidden: int, w) -> dict:
 
 
 def reference(norm: str, x, r, w, b, dy, dh) -> dict:
-    """float64 y, h, dx (= dresidual), dw."""
-    xr, rr, wr = (t.detach().double().requires_grad_() for t in (x, r, w))
-    h = xr + rr
+    """float64 y, h, dx (= dresidual), dw of the norm of h = x + residual rounded to x's dtype,
+    as every impl rounds it (against the exact sum, h's rounding alone moved every impl's dw by
+    up to 0.6 at 16384 rows)."""
+    h = (x + r).double().requires_grad_()
+    wr = w.detach().double().requires_grad_()
     hidden = x.shape[-1]
     y = F.rms_norm(h, (hidden,), wr, 1e-6) if norm == "rmsnorm" else F.layer_norm(h, (hidden,), wr, b.double(), 1e-5)
-    dx, dw = torch.autograd.grad((y, h), (xr, wr), (dy.double(), dh.double()))
-    return {"y": y.detach(), "h": h.detach(), "dx": dx, "dw": dw}
+    dh_norm, dw = torch.autograd.grad(y, (h, wr), dy.double())
+    return {"y": y.detach(), "h": h.detach(), "dx": dh_norm + dh.double(), "dw": dw}
 
 
 def max_err(got, want) -> float:
@@ -88,6 +94,7 @@ def run_case(norm, hidden, tokens, timer, copy_gbps, rounds, gen, log) -> list:
     for name, fn in impls(norm, hidden, w).items():
         xi, ri, wi = (t.detach().requires_grad_() for t in (x, r, w))
         bi = b.detach().requires_grad_()
+        wi = getattr(fn, "weight", wi)
         y, h = fn(xi, ri, wi, bi)
         grads = torch.autograd.grad((y, h), (xi, ri, wi), (dy, dh), retain_graph=True)
         with torch.no_grad():
@@ -111,6 +118,11 @@ def run_case(norm, hidden, tokens, timer, copy_gbps, rounds, gen, log) -> list:
                     "gbps": gbps, "frac": gbps / copy_gbps, "max_err": errs, "ok": ok})
         log(f"{norm:9s} {hidden:5d} tokens={tokens:5d} {stage} {name:20s} {us:9.2f} us  frac {gbps / copy_gbps:.3f}  "
             f"{'ok' if ok else 'WRONG'} {errs}")
+    from tvmnorm.torch import _host
+    kernels = sorted({f"{tag[1]}:{k.origin}" for tag, k in _host._KERNELS.items() if tag[0] == norm and tag[5] == hidden})
+    for rec in out:
+        rec["tvmnorm_kernels"] = kernels  # stage:origin of the kernels tvmnorm's impls ran
+    log(f"  tvmnorm kernels: {kernels}")
     return out
 
 
