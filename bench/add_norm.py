@@ -16,14 +16,12 @@ add-norm.json.
 """
 from __future__ import annotations
 
-import json
-import pathlib
-
 import torch
 import torch.nn.functional as F
 
 import tvmnorm.torch as tn
-from tvmnorm.bench import Timer, copy_roofline, probe_meta, probe_parser
+from tvmnorm.bench import (Timer, copy_roofline, probe_parser, relative_max_error, time_in_rounds,
+                           write_probe)
 
 
 def liger_add_rms_norm(hidden: int, w, eps: float):
@@ -78,11 +76,6 @@ def reference(norm: str, x, r, w, b, dy, dh) -> dict:
     return {"y": y.detach(), "h": h.detach(), "dx": dh_norm + dh.double(), "dw": dw}
 
 
-def max_err(got, want) -> float:
-    """max |got - want| / (1 + |want|): a NaN stays NaN."""
-    return float(((got.double() - want).abs() / (1 + want.abs())).max())
-
-
 def run_case(norm, hidden, tokens, timer, copy_gbps, rounds, gen, log) -> list:
     def fresh(scale=1.0, shift=0.0):
         return (shift + scale * torch.randn(tokens, hidden, generator=gen, device="cuda")).to(torch.bfloat16)
@@ -99,16 +92,13 @@ def run_case(norm, hidden, tokens, timer, copy_gbps, rounds, gen, log) -> list:
         grads = torch.autograd.grad((y, h), (xi, ri, wi), (dy, dh), retain_graph=True)
         with torch.no_grad():
             y0, h0 = fn(x, r, w, b)
-        errs = {"y": max_err(y0, want["y"]), "h": max_err(h0, want["h"]), "dx": max_err(grads[0], want["dx"]),
-                "dresidual": max_err(grads[1], want["dx"]), "dw": max_err(grads[2], want["dw"])}
+        got = {"y": y0, "h": h0, "dx": grads[0], "dresidual": grads[1], "dw": grads[2]}
+        errs = {k: relative_max_error(v, want["dx" if k == "dresidual" else k]) for k, v in got.items()}
         checked[name] = errs
         todo[(name, "fwd")] = torch.no_grad()(lambda fn=fn: fn(x, r, w, b))
         todo[(name, "bwd")] = lambda y=y, h=h, ins=(xi, ri, wi): torch.autograd.grad((y, h), ins, (dy, dh),
                                                                                      retain_graph=True)
-    best = {}
-    for _ in range(rounds):  # rounds in turn over the impls: a slow spell spoils one round of each
-        for k, call in todo.items():
-            best[k] = min(best.get(k, float("inf")), timer([call])[0])
+    best = time_in_rounds(todo, timer, rounds)
     out = []
     nbytes = 4 * tokens * hidden * x.element_size()
     for (name, stage), us in best.items():
@@ -140,11 +130,7 @@ def main():
         for norm in args.norms.split(","):
             for hidden in map(int, args.hidden.split(",")):
                 records += run_case(norm, hidden, tokens, timer, roof["copy_gbps"], args.rounds, gen, print)
-    result = {"meta": {**probe_meta(roof["copy_gbps"]), **roof, "what": __doc__.split("\n\n")[0]},
-              "records": records}
-    path = pathlib.Path(args.out) / "add-norm.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}; {sum(not r['ok'] for r in records)} records not ok")
+    write_probe(args.out, "add-norm.json", roof, records, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

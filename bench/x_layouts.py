@@ -17,13 +17,11 @@ GB/s over the copy ceiling measured in the same run. Writes x-layouts.json.
 """
 from __future__ import annotations
 
-import json
-import pathlib
-
 import torch
 import torch.nn.functional as F
 
-from tvmnorm.bench import Timer, copy_roofline, probe_meta, probe_parser
+from tvmnorm.bench import (Timer, copy_roofline, probe_parser, relative_max_error, time_in_rounds,
+                           write_probe)
 from tvmnorm.torch import _host
 
 QWEN3_8B = {"heads": 32, "kv_heads": 8, "head_dim": 128}
@@ -81,11 +79,6 @@ def reference(norm: str, x, w, b, dy):
     return y.detach(), dx, dw
 
 
-def max_err(got, want) -> float:
-    """max |got - want| / (1 + |want|): NaN (a read outside x's elements) stays NaN."""
-    return float(((got.double() - want).abs() / (1 + want.abs())).max())
-
-
 def run_case(norm, part, tokens, timer, copy_gbps, rounds, gen, log) -> list:
     x = qkv_part(tokens, part, gen)
     hidden = x.shape[-1]
@@ -103,11 +96,8 @@ def run_case(norm, part, tokens, timer, copy_gbps, rounds, gen, log) -> list:
     for (name, stage), call in todo.items():  # every call once (compiles, warms) and checked
         got = call()
         got = dict(zip(("dx", "dw"), got)) if stage == "bwd" else {"y": got}
-        checked[(name, stage)] = {k: max_err(v, want[k]) for k, v in got.items()}
-    best = {}
-    for _ in range(rounds):  # rounds in turn over the impls: a slow spell spoils one round of each
-        for k, call in todo.items():
-            best[k] = min(best.get(k, float("inf")), timer([call])[0])
+        checked[(name, stage)] = {k: relative_max_error(v, want[k]) for k, v in got.items()}
+    best = time_in_rounds(todo, timer, rounds)
     out = []
     for (name, stage), us in best.items():
         nbytes = (2 if stage == "fwd" else 3) * rows * hidden * size
@@ -138,12 +128,8 @@ def main():
             records += run_case(norm, part, tokens, timer, roof["copy_gbps"], args.rounds, gen, print)
     from tvmnorm.runtime import REGISTRY
     lib = REGISTRY.library("cuda")  # $TVMNORM_LIBRARY: tuned compact kernels, and records for the layouts
-    result = {"meta": {**probe_meta(roof["copy_gbps"]), **roof, "what": __doc__.split("\n\n")[0],
-                       "library": str(lib.path) if lib is not None else None},
-              "records": records}
-    path = pathlib.Path(args.out) / "x-layouts.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}; {sum(not r['ok'] for r in records)} records not ok")
+    write_probe(args.out, "x-layouts.json", roof, records, __doc__.split("\n\n")[0],
+                library=str(lib.path) if lib is not None else None)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import copy
 import csv
 import json
+import math
 import os
 import pathlib
 import re
@@ -328,6 +329,22 @@ def test_rounds_time_every_impl_in_turn(monkeypatch, tmp_path):
     assert "--rounds 3" in result["meta"]["repro"]
     with pytest.raises(SystemExit, match="--rounds must be 1 or more"):
         bench.main(FAST + ["--rounds", "0", "--out", str(tmp_path), "--name", "z"])
+
+
+def test_probes_time_in_rounds_and_keep_nans():
+    """The probes' helpers: time_in_rounds times the calls in turn, round after round, and keeps
+    each one's fastest; relative_max_error lets a NaN through (a read past an operand shows)."""
+    from tvmnorm.bench import relative_max_error, time_in_rounds
+    order, times = [], iter([5.0, 9.0, 4.0, 8.0, 6.0, 7.0])
+
+    def timer(calls):
+        order.append(calls[0]())
+        return [next(times)]
+    assert time_in_rounds({"a": lambda: "a", "b": lambda: "b"}, timer, 3) == {"a": 4.0, "b": 7.0}
+    assert order == ["a", "b"] * 3
+    want = torch.tensor([1.0, -3.0, 0.0], dtype=torch.float64)
+    assert relative_max_error(torch.tensor([1.5, -3.0, 0.25]), want) == pytest.approx(0.25)
+    assert math.isnan(relative_max_error(torch.tensor([1.0, float("nan"), 0.0]), want))
 
 
 def test_probe_parser_takes_the_probes_shared_arguments(tmp_path):

@@ -599,6 +599,33 @@ def probe_meta(copy_gbps: float) -> dict:
             "copy_gbps": copy_gbps}
 
 
+def time_in_rounds(calls: dict, timer, rounds: int) -> dict:
+    """name -> the fastest of ``rounds`` timings of ``calls[name]()`` (microseconds, ``timer``'s),
+    the calls timed in turn each round: a slow spell of the machine spoils one round of each
+    call, not every round of one."""
+    best = {}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            best[name] = min(best.get(name, float("inf")), timer([call])[0])
+    return best
+
+
+def relative_max_error(got, want) -> float:
+    """max |got - want| / (1 + |want|) over the elements, in float64: a NaN (a read outside
+    the operand) stays NaN."""
+    return float(((got.double() - want).abs() / (1 + want.abs())).max())
+
+
+def write_probe(out, name: str, roof: dict, records: list, what: str, **meta) -> pathlib.Path:
+    """A probe's ``<out>/<name>`` JSON: probe_meta, the copy ceiling measured (copy_roofline's
+    ``roof``), what the probe measures and ``meta`` beside its ``records``."""
+    path = pathlib.Path(out) / name
+    result = {"meta": {**probe_meta(roof["copy_gbps"]), **roof, "what": what, **meta}, "records": records}
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}; {sum(not r.get('ok', True) for r in records)} records not ok")
+    return path
+
+
 def copy_roofline(kind, timer, nbytes=None, sets: int = 1) -> dict:
     """A device copy (dst.copy_(src)) of ``nbytes`` each way (default: large), bytes read +
     written over median time; with ``sets``, the calls rotate over that many copies, as a
