@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import tvmnorm.torch as tn
-from tvmnorm.bench import (Timer, copy_roofline, probe_parser, relative_max_error, time_in_rounds,
-                           write_probe)
+from tvmnorm.bench import probe_parser, relative_max_error, start_cuda_probe, time_in_rounds, write_probe
 
 
 def liger_add_rms_norm(hidden: int, w, eps: float):
@@ -121,10 +120,7 @@ def main():
     ap.set_defaults(hidden="2048,4096,7168,8192")
     ap.add_argument("--tokens", default="16384")
     ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    timer = Timer("cuda", warmup_ms=25, rep_ms=100)
-    roof = copy_roofline("cuda", timer)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, timer, roof, gen = start_cuda_probe(ap)
     records = []
     for tokens in map(int, args.tokens.split(",")):
         for norm in args.norms.split(","):

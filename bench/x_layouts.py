@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tvmnorm.bench import (Timer, copy_roofline, probe_parser, relative_max_error, time_in_rounds,
-                           write_probe)
+from tvmnorm.bench import probe_parser, relative_max_error, start_cuda_probe, time_in_rounds, write_probe
 from tvmnorm.torch import _host
 
 QWEN3_8B = {"heads": 32, "kv_heads": 8, "head_dim": 128}
@@ -117,10 +116,7 @@ def main():
     ap = probe_parser()
     ap.add_argument("--tokens", default="16384,64,8,1")
     ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    timer = Timer("cuda", warmup_ms=25, rep_ms=100)
-    roof = copy_roofline("cuda", timer)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, timer, roof, gen = start_cuda_probe(ap)
     records = []
     cases = [("rmsnorm", "q"), ("rmsnorm", "k"), ("rmsnorm", "rows"), ("layernorm", "rows")]
     for tokens in map(int, args.tokens.split(",")):

@@ -599,6 +599,14 @@ def probe_meta(copy_gbps: float) -> dict:
             "copy_gbps": copy_gbps}
 
 
+def start_cuda_probe(ap) -> tuple:
+    """A CUDA probe's start: (``ap``'s arguments, probe_timer(), the copy ceiling measured with
+    it (copy_roofline), a CUDA generator seeded 0 for its fresh random data)."""
+    args = ap.parse_args()
+    timer = probe_timer()
+    return args, timer, copy_roofline("cuda", timer), _torch().Generator(device="cuda").manual_seed(0)
+
+
 def time_in_rounds(calls: dict, timer, rounds: int) -> dict:
     """name -> the fastest of ``rounds`` timings of ``calls[name]()`` (microseconds, ``timer``'s),
     the calls timed in turn each round: a slow spell of the machine spoils one round of each
