@@ -28,8 +28,9 @@ def run_dir(tmp_path_factory):
     # an empty library directory: tvmnorm_tuned must then say "missing", never time the default
     mp.setenv("TVMNORM_LIBRARY", str(out / "no-library"))
     try:
+        # every op, the *_bwd_add ones (not in a run's default --ops) too
         rc = bench.main(FAST + ["--dtypes", "bf16", "--impls", "tvmnorm_tuned,tvmnorm_default,torch_eager",
-                                "--out", str(out), "--name", "t"])
+                                "--ops", ",".join(bench.OPS), "--out", str(out), "--name", "t"])
     finally:
         mp.undo()
     assert rc == 0
@@ -60,7 +61,8 @@ def test_schema(run_dir):
                     and x["status"] == "ok"}
             assert len(same) == 1
             size = 2
-            want = {"fwd": 2 * 7 * r["hidden"] * size, "bwd": 3 * 7 * r["hidden"] * size}
+            want = {"fwd": 2 * 7 * r["hidden"] * size, "bwd": 3 * 7 * r["hidden"] * size,
+                    "bwd_add": 4 * 7 * r["hidden"] * size}
             if r["op"].endswith("fp8"):
                 assert r["bytes"] == 7 * r["hidden"] * (size + 1)
             else:
@@ -73,6 +75,19 @@ def test_schema(run_dir):
     pngs = sorted(run_dir.glob("t_*.png"))
     assert len(pngs) == len(bench.OPS)  # one figure per (op, dtype, rows)
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_backward_with_add_ops(run_dir):
+    """rmsnorm_bwd_add / layernorm_bwd_add time the bwd_add kernels (dx with dz, the gradient
+    reaching x around the norm, added) against torch's backward with dz summed into x's
+    gradient as autograd sums it; both right against float64 (test_schema). A run takes them
+    only when --ops names them."""
+    records = json.loads((run_dir / "t.json").read_text())["records"]
+    add = [r for r in records if r["op"].endswith("_bwd_add") and r["impl"] == "tvmnorm_default"]
+    assert len(add) == 4 and all(r["status"] == "ok" and r["origin"] == "default" for r in add), add
+    assert {bench.record_key(r).stage for r in add} == {"bwd_add"}
+    assert not any(op.endswith("_bwd_add") for op in bench.DEFAULT_OPS)
+    assert set(bench.OPS) - set(bench.DEFAULT_OPS) == {"rmsnorm_bwd_add", "layernorm_bwd_add"}
 
 
 def _one(monkeypatch, tmp_path, impl, builder, ops="rmsnorm_fwd,layernorm_bwd"):

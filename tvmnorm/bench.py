@@ -73,7 +73,12 @@ OPS = {
     "layernorm_bwd": ("layernorm", "bwd", False),
     "rmsnorm_fwd_fp8": ("rmsnorm", "fwd", True),
     "layernorm_fwd_fp8": ("layernorm", "fwd", True),
+    # the backward with dz, the gradient reaching x around the norm (a residual's), added into dx
+    "rmsnorm_bwd_add": ("rmsnorm", "bwd_add", False),
+    "layernorm_bwd_add": ("layernorm", "bwd_add", False),
 }
+# the ops a run takes unless --ops names others (the *_bwd_add ones: named)
+DEFAULT_OPS = tuple(op for op, (_, stage, _) in OPS.items() if stage != "bwd_add")
 BENCH_DTYPES = ("bf16", "fp16", "fp32")
 IMPL_ORDER = ("tvmnorm_tuned", "tvmnorm_default", "torch_eager", "torch_compile", "liger")
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
@@ -150,7 +155,7 @@ class Case:
         m, h, s = self.rows, self.hidden, DTYPE_BYTES[self.dtype]
         if self.fp8:
             return m * h * (s + 1)
-        return (3 if self.stage == "bwd" else 2) * m * h * s
+        return {"fwd": 2, "bwd": 3, "bwd_add": 4}[self.stage] * m * h * s
 
 
 def _torch():
@@ -176,8 +181,10 @@ def make_set(case: Case, device, gen):
     s = {"x": rnd(M, H), "gamma": rnd(H)}
     if case.ln:
         s["beta"] = rnd(H)
-    if case.stage == "bwd":
+    if case.stage in ("bwd", "bwd_add"):
         s["dy"] = rnd(M, H)
+        if case.stage == "bwd_add":
+            s["dz"] = rnd(M, H)
         xd = s["x"].double()
         if case.ln:
             mu = xd.mean(-1)
@@ -226,8 +233,10 @@ def reference(case: Case, s) -> dict:
         y = F.layer_norm(x, (H,), g, b, case.eps)
     else:
         y = F.rms_norm(x, (H,), g, case.eps)
-    grads = torch.autograd.grad(y, leaves, s["dy"].double())
-    return dict(zip(("dx", "dgamma", "dbeta"), (t.detach() for t in grads)))
+    grads = [t.detach() for t in torch.autograd.grad(y, leaves, s["dy"].double())]
+    if case.stage == "bwd_add":
+        grads[0] = grads[0] + s["dz"].double()
+    return dict(zip(("dx", "dgamma", "dbeta"), grads))
 
 
 def check(case: Case, out: dict, ref: dict):
@@ -397,9 +406,15 @@ def _torch_prepared(fn, case: Case, sets) -> Prepared:
         y = fn(*leaves)
         dy = s["dy"]
         names = ["dx", "dgamma", "dbeta"][:len(leaves)]
+        if case.stage == "bwd_add":
+            # x's gradient from around the norm too, as autograd sums it where x is used twice
+            # (h = x + residual feeding the norm and the residual stream): dy for y, dz for x
+            outs, grads = (y, leaves[0]), (dy, s["dz"])
+        else:
+            outs, grads = y, dy
 
         def call():
-            return dict(zip(names, torch.autograd.grad(y, leaves, dy, retain_graph=True)))
+            return dict(zip(names, torch.autograd.grad(outs, leaves, grads, retain_graph=True)))
         return call
     return Prepared([make_bwd(s) for s in sets])
 
@@ -425,6 +440,9 @@ def build_liger(ctx, case, sets):
         raise Skip("Liger kernels are Triton GPU kernels; no CPU path")
     if case.fp8:
         raise Skip("Liger has no fused fp8-output norm")
+    if case.stage == "bwd_add":
+        raise Skip("Liger has no backward-with-add of a norm alone (bench/add_norm.py times its fused add + "
+                   "RMSNorm)")
     try:
         fn = liger_norm(case.ln, case.eps)
     except ImportError as e:
@@ -732,6 +750,7 @@ def meta_header(args, kind, timer, roof, library_info) -> dict:
         "timing": timer.method, "warmup_ms": timer.warmup_ms, "rep_ms": timer.rep_ms,
         "last_level_cache_bytes": _last_level_cache_bytes(kind), **roof,
         "bytes_model": {"fwd": "2*M*H*size (read x, write y)", "bwd": "3*M*H*size (read dy, x; write dx)",
+                        "bwd_add": "4*M*H*size (read dy, x, dz; write dx)",
                         "fwd_fp8": "M*H*(size+1) (read x, write fp8 y)"},
         "frac": "gbps / copy_gbps", "refcheck": bool(args.refcheck),
         "tolerances": {"rel_l2": TOL, "dgamma_dbeta": "tol * max(1, sqrt(rows)/8)"},
@@ -1317,7 +1336,8 @@ def merge(paths, records: dict | None = None) -> dict:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=("llvm", "cuda"), default=None,
                    help="cuda or llvm (default: cuda when torch sees a GPU)")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma list of {', '.join(OPS)}")
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list of {', '.join(OPS)} "
+                   f"(default: all but the *_bwd_add ones)")
     p.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp16, fp32")
     p.add_argument("--shapes", default="all", help="catalog groups (deepseek,qwen,qknorm) or all")
     p.add_argument("--hidden", default=None, help="explicit hidden sizes instead of --shapes, e.g. 768,4096")
