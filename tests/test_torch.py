@@ -708,15 +708,18 @@ def test_compile_functional_dynamic(gen):
     w = torch.randn(128, generator=gen)
 
     def f(x):
-        return tn.rms_norm(x, w) * 2, tn.rms_norm_fp8(x, w, 4.0)[1]
+        y, h = tn.rms_norm_add(x, x * 0.5, w)
+        return tn.rms_norm(x, w) * 2, tn.rms_norm_fp8(x, w, 4.0)[1], y, h
 
     torch._dynamo.reset()
     cf = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
     for rows in (3, 9):
         x = rand(gen, (rows, 128))
-        y, amax = cf(x)
+        y, amax, y_add, h = cf(x)
         torch.testing.assert_close(y, 2 * F.rms_norm(x, (128,), w, 1e-6))
         torch.testing.assert_close(amax, F.rms_norm(x, (128,), w, 1e-6).abs().max().reshape(1))
+        torch.testing.assert_close(h, x * 1.5)
+        torch.testing.assert_close(y_add, F.rms_norm(x * 1.5, (128,), w, 1e-6))
 
 
 def test_compile_inductor(gen):
