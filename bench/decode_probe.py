@@ -21,7 +21,7 @@ import pathlib
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import Timer, copy_roofline, probe_meta, probe_parser
+from tvmnorm.bench import Timer, copy_roofline, probe_meta, probe_parser, time_in_rounds
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import variant_kernel
@@ -92,11 +92,7 @@ def main():
                         calls[name] = (lambda k=k: k(x, gamma, *beta, y, *stats, eps=eps))
                 calls["torch_eager"] = ((lambda: F.layer_norm(x, (h,), gamma, beta[0], eps)) if ln
                                         else (lambda: F.rms_norm(x, (h,), gamma, eps)))
-                best = {}
-                for _ in range(args.rounds):
-                    for name, c in calls.items():
-                        us = timer([c])[0]
-                        best[name] = min(best.get(name, us), us)
+                best = time_in_rounds(calls, timer, args.rounds)
                 ranked = sorted(best.items(), key=lambda kv: kv[1])
                 results.append({"norm": norm, "hidden": h, "rows": rows, "us": best, "rel_err": errors,
                                 "failed": failed})

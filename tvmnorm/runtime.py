@@ -555,15 +555,15 @@ class TunedLibrary:
         entry = self.kernels.get(key.pack())
         if entry is None or layout not in self.layouts():
             return None
-        if layout == "compact":
-            # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
-            return _kernel_from_module(key, self.manifest["target"], self.module, entry["origin"] == "tuned",
-                                       f"library:{entry['origin']}", entry.get("rows_per_partial"))
-        what = entry.get("layouts", {}).get(layout)
+        compact = layout == "compact"
+        what = entry if compact else entry.get("layouts", {}).get(layout)
         if what is None:
             return None
-        return _kernel_from_module(key, self.manifest["target"], self._layout_module(layout), what["origin"] == "tuned",
-                                   f"library:{what['origin']}:{layout}", what.get("rows_per_partial"), layout=layout)
+        module = self.module if compact else self._layout_module(layout)
+        origin = f"library:{what['origin']}" + ("" if compact else f":{layout}")
+        # a manifest entry without rows_per_partial (a forward kernel) leaves T to the default
+        return _kernel_from_module(key, self.manifest["target"], module, what["origin"] == "tuned", origin,
+                                   what.get("rows_per_partial"), layout=layout)
 
     def record(self, key: NormKey) -> dict | None:
         """The record the library's kernels of ``key`` were built from (build.RECORDS), or None:

@@ -46,14 +46,17 @@ def _ln_fwd_impl(x, w, b, eps, zc, out_dtype, op="layer_norm"):
                         out_dtype)
 
 
-def _rms_bwd_impl(dy, x, rs, w, zc):
+def _rms_bwd_impl(dy, x, rs, w, zc, dz=None):
+    """dz: a gradient added into dx by the kernel (bwd_add; see _add_grads)."""
     hidden = x.shape[-1]
-    return _host.rms_bwd(_host.compact_grad(dy, hidden), x, rs, _host.compact_weight(w, hidden), zc)
+    return _host.rms_bwd(_host.compact_grad(dy, hidden), x, rs, _host.compact_weight(w, hidden), zc,
+                         None if dz is None else _host.compact_grad(dz, hidden))
 
 
-def _ln_bwd_impl(dy, x, mu, rs, w, zc):
+def _ln_bwd_impl(dy, x, mu, rs, w, zc, dz=None):
     hidden = x.shape[-1]
-    return _host.ln_bwd(_host.compact_grad(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc)
+    return _host.ln_bwd(_host.compact_grad(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc,
+                        None if dz is None else _host.compact_grad(dz, hidden))
 
 
 def _residual_sum(op, x, residual):
@@ -89,17 +92,15 @@ def _add_grads(dy, dh, h, w, bwd, weights: int):
     if dy is None:
         zeros = tuple(torch.zeros_like(w) for _ in range(weights))
         return (dh if dh is not None else torch.zeros_like(h)), *zeros
-    return bwd(dy, None if dh is None else _host.compact_grad(dh, h.shape[-1]))
+    return bwd(dy, dh)
 
 
 def _rms_add_bwd_impl(dy, dh, h, rs, w, zc):
-    return _add_grads(dy, dh, h, w, lambda dy, dz: _host.rms_bwd(
-        _host.compact_grad(dy, h.shape[-1]), h, rs, _host.compact_weight(w, h.shape[-1]), zc, dz), 1)
+    return _add_grads(dy, dh, h, w, lambda dy, dz: _rms_bwd_impl(dy, h, rs, w, zc, dz), 1)
 
 
 def _ln_add_bwd_impl(dy, dh, h, mu, rs, w, zc):
-    return _add_grads(dy, dh, h, w, lambda dy, dz: _host.ln_bwd(
-        _host.compact_grad(dy, h.shape[-1]), h, mu, rs, _host.compact_weight(w, h.shape[-1]), zc, dz), 2)
+    return _add_grads(dy, dh, h, w, lambda dy, dz: _ln_bwd_impl(dy, h, mu, rs, w, zc, dz), 2)
 
 
 def _rms_fp8_impl(x, w, scale, eps, zc, fp8_dtype, op="rms_norm_fp8"):
