@@ -175,7 +175,11 @@ def make_inputs(key: NormKey, rows: int, rng: np.random.Generator, device="cpu")
     a = {"x": x, "gamma": tensor(g0 + 0.5 * rng.standard_normal(H), key.wtype, device)}
     if key.norm == "layernorm":
         a["beta"] = tensor(0.5 * rng.standard_normal(H), key.wtype, device)
-    if key.stage == "fwd":
+    if key.forward:
+        if key.stage == "fwd_add":
+            # a residual stream of its own offset and spread: h = x + residual cancels some
+            a["residual"] = tensor(rng.normal(0.0, 2.0, (rows, 1)) + rng.uniform(0.5, 3.0, (rows, 1))
+                                   * rng.standard_normal((rows, H)), key.itype, device)
         if key.fp8_out:
             a["scale"] = tensor(np.array([rng.uniform(0.5, 2.0)]), "fp32", device)
         return a
@@ -193,8 +197,10 @@ def make_inputs(key: NormKey, rows: int, rng: np.random.Generator, device="cpu")
 def output_specs(key: NormKey, rows: int) -> dict:
     """name -> (shape, dtype) of every output of ``key``'s kernel."""
     H, c = key.hidden_size, key.ctype
-    if key.stage == "fwd":
+    if key.forward:
         out = {"y": ((rows, H), key.otype)}
+        if key.stage == "fwd_add":
+            out["h"] = ((rows, H), key.itype)
         if key.norm == "layernorm":
             out["mu"] = ((rows,), c)
         out["rsigma"] = ((rows,), c)
@@ -211,7 +217,7 @@ def call(kernel, inputs: dict, rows: int, device="cpu", eps=None) -> dict:
     """Poison every output with NaN, call the kernel in its signature order, return the outputs."""
     outs = {n: poisoned(s, d, device) for n, (s, d) in output_specs(kernel.key, rows).items()}
     args = [inputs[n] if n in inputs else outs[n] for n in kernel.signature]
-    kernel(*args, eps=eps) if kernel.key.stage == "fwd" else kernel(*args)
+    kernel(*args, eps=eps) if kernel.key.forward else kernel(*args)
     return outs
 
 
@@ -243,6 +249,13 @@ def run_and_check(kernels, key: NormKey, rows: int, rng, seed: int, device="cpu"
 # checks
 
 
+def residual_sum(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """x + residual rounded once to their dtype (from the float64 sum, which two values of
+    that dtype have exactly but for a rounding no later one can change): torch's add, and
+    fwd_add's h, must equal it bit for bit."""
+    return (x.double() + residual.double()).to(x.dtype)
+
+
 def assert_close(what: str, got, want, allowed, context: str = ""):
     """|got - want| <= allowed elementwise (float64; NaN in got fails), with the worst element
     named on failure."""
@@ -271,7 +284,12 @@ def check_outputs(key: NormKey, inputs: dict, outs: dict, context: str, eps=None
     x, gamma = f64(inputs["x"]), f64(inputs["gamma"])
     g = gamma + 1.0 if zc else gamma
     u_c = COMPUTE[key.ctype]
-    if key.stage == "fwd":
+    if key.forward:
+        if key.stage == "fwd_add":
+            # h is x + residual rounded once to itype, as torch's add rounds it: bit for bit
+            h = residual_sum(inputs["x"], inputs["residual"])
+            assert_close("h", outs["h"], f64(h), 0.0, context)
+            x = f64(h)
         beta = f64(inputs["beta"]) if "beta" in inputs else None
         r = ref.fwd(key.norm, x, gamma, beta, eps=eps, zero_centered_gamma=zc)
         centre = np.abs(r["mu"])[:, None] if key.norm == "layernorm" else 0.0

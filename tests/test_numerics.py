@@ -12,7 +12,7 @@ import torch
 from conftest import call, check_outputs, f64, make_inputs, run_and_check
 from tvmnorm.key import NormKey
 
-STAGES = ("fwd", "bwd", "bwd_add")
+STAGES = ("fwd", "bwd", "bwd_add", "fwd_add")
 NORMS = ("rmsnorm", "layernorm")
 DTYPES = ("fp32", "fp16", "bf16")
 HIDDENS = (1, 128, 1000, 4095, 7168)
@@ -68,10 +68,11 @@ def test_fp64_compute(kernels, stage, norm, rng, seed):
     run_and_check(kernels, key, 257, rng, seed)
 
 
+@pytest.mark.parametrize("stage", ("fwd", "fwd_add"))
 @pytest.mark.parametrize("norm", NORMS)
-def test_eps_is_used(kernels, norm, rng, seed):
+def test_eps_is_used(kernels, norm, stage, rng, seed):
     """A large eps changes rsigma; the kernel must use the eps it is given, not its default."""
-    key = NormKey(norm=norm, stage="fwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+    key = NormKey(norm=norm, stage=stage, itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
     run_and_check(kernels, key, 3, rng, seed, eps=0.5)
 
 
@@ -79,8 +80,9 @@ def test_eps_is_used(kernels, norm, rng, seed):
 @pytest.mark.parametrize("hidden", (1, 128, 1000, 4095, 7168))
 @pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
 @pytest.mark.parametrize("norm", NORMS)
-def test_fp8_output(kernels, norm, otype, hidden, rows, rng, seed):
-    key = NormKey(norm=norm, stage="fwd", itype="bf16", wtype="bf16", otype=otype, hidden_size=hidden)
+@pytest.mark.parametrize("stage", ("fwd", "fwd_add"))
+def test_fp8_output(kernels, stage, norm, otype, hidden, rows, rng, seed):
+    key = NormKey(norm=norm, stage=stage, itype="bf16", wtype="bf16", otype=otype, hidden_size=hidden)
     run_and_check(kernels, key, rows, rng, seed)
 
 
@@ -198,7 +200,8 @@ def test_two_stage_partial_sum(kernels, norm, stage, monkeypatch, rng, seed):
     check_outputs(key, inputs, first, f"{key.name} rows={rows} seed={seed} (two-stage partial sum)")
 
 
-@pytest.mark.parametrize("stage, otype", [("fwd", "bf16"), ("fwd", "fp8e4m3"), ("bwd", "bf16"), ("bwd_add", "bf16")])
+@pytest.mark.parametrize("stage, otype", [("fwd", "bf16"), ("fwd", "fp8e4m3"), ("bwd", "bf16"), ("bwd_add", "bf16"),
+                                          ("fwd_add", "bf16"), ("fwd_add", "fp8e4m3")])
 @pytest.mark.parametrize("norm", NORMS)
 def test_zero_rows(kernels, norm, stage, otype, rng, seed):
     """An empty batch: dgamma/dbeta of nothing are 0 and fp8 amax is 0 (a zero-extent TIR
@@ -219,7 +222,7 @@ def test_large_hidden(kernels, norm, stage, dtype, rng, seed):
     run_and_check(kernels, key, 3, rng, seed)
 
 
-@pytest.mark.parametrize("stage", ("fwd", "bwd"))
+@pytest.mark.parametrize("stage", ("fwd", "bwd", "fwd_add"))
 @pytest.mark.parametrize("norm", NORMS)
 def test_a_million_rows(kernels, norm, stage, rng, seed):
     """Row counts in the millions (QK-norm over many heads): int64 indexing, many partials."""

@@ -280,16 +280,19 @@ def test_add_norm_matches_float64(norm, dtype, hidden, zc, gen):
 
 
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
-def test_add_norm_backward_is_one_bwd_add_kernel(norm, monkeypatch, gen):
-    """The forward is torch's add and the norm's forward kernel on h; the backward one kernel,
-    the bwd_add stage, given dh (the dx a plain norm's backward would write, then add to, is not
-    made); with y's gradient alone the plain backward, with h's alone no kernel at all."""
+def test_add_norm_is_one_kernel_each_way(norm, monkeypatch, gen):
+    """The forward is one kernel, the fwd_add stage, given x and residual as they are (no copy)
+    and writing y and h; the backward one kernel, the bwd_add stage, given dh (the dx a plain
+    norm's backward would write, then add to, is not made); with y's gradient alone the plain
+    backward, with h's alone no kernel at all."""
     spy = Spy(monkeypatch)
     x, r = rand(gen, (4, 3, 128), requires_grad=True), rand(gen, (4, 3, 128), requires_grad=True)
     w, b = torch.randn(128, generator=gen).requires_grad_(), torch.randn(128, generator=gen).requires_grad_()
     bias = [b] if norm == "layernorm" else []
     y, h = run_add(norm, x, r, w, b, 1e-5)
-    assert [k.key.stage for k, _ in spy.calls] == ["fwd"] and spy.calls[0][1][0] == h.data_ptr()
+    (k, ptrs), = spy.calls
+    assert k.key.stage == "fwd_add" and ptrs[:2] == [x.data_ptr(), r.data_ptr()]
+    assert {y.data_ptr(), h.data_ptr()} <= set(ptrs)
     dy, dh = torch.randn(y.shape, generator=gen), torch.randn(h.shape, generator=gen)
     torch.autograd.grad((y, h), [x, r, w, *bias], (dy, dh))
     (k, ptrs), = spy.calls[1:]
@@ -297,7 +300,7 @@ def test_add_norm_backward_is_one_bwd_add_kernel(norm, monkeypatch, gen):
     spy.calls.clear()
     y, h = run_add(norm, x, r, w, b, 1e-5)
     gx, gr, gw, *gb = torch.autograd.grad(y, [x, r, w, *bias], dy)
-    assert [k.key.stage for k, _ in spy.calls] == ["fwd", "bwd"]
+    assert [k.key.stage for k, _ in spy.calls] == ["fwd_add", "bwd"]
     want = torch.autograd.grad(run(norm, x + r, w, b, 1e-5), [x, w, *bias], dy)
     for got, ref in zip((gx, gw, *gb), want):
         torch.testing.assert_close(got, ref)
@@ -305,7 +308,7 @@ def test_add_norm_backward_is_one_bwd_add_kernel(norm, monkeypatch, gen):
     spy.calls.clear()
     y, h = run_add(norm, x, r, w, b, 1e-5)
     gx, gr, gw, *gb = torch.autograd.grad(h, [x, r, w, *bias], dh, allow_unused=True)
-    assert [k.key.stage for k, _ in spy.calls] == ["fwd"]
+    assert [k.key.stage for k, _ in spy.calls] == ["fwd_add"]
     assert torch.equal(gx, dh) and torch.equal(gr, dh) and not gw.any() and all(not g.any() for g in gb)
 
 
@@ -326,12 +329,15 @@ def test_add_norm_gradcheck_fp64(norm, gen):
 
 
 def test_add_norm_strided_x_and_module(gen):
-    """x and residual in any layout (their sum is compact), out_dtype, and the modules'
-    forward(x, residual) -> (y, h), as vLLM's norm layers take it."""
+    """x in any layout the kernels take (strided rows here: the fwd_add kernel for them), a
+    strided residual (copied compact), out_dtype, and the modules' forward(x, residual) -> (y,
+    h), as vLLM's norm layers take it."""
     qkv = rand(gen, (6, 3 * 128), torch.bfloat16, offset=1.0)
     x, r = qkv[:, 128:256].requires_grad_(), rand(gen, (6, 128), torch.bfloat16, requires_grad=True)
     w = (1 + 0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16).requires_grad_()
     check_add_norm("rmsnorm", x, r, w, None, 1e-6, gen, out_dtype=torch.float32)
+    wide = rand(gen, (6, 2 * 128), torch.bfloat16)
+    check_add_norm("rmsnorm", x, wide[:, 64:192].requires_grad_(), w, None, 1e-6, gen)
     for kind in (tn.RMSNorm, tn.LayerNorm):
         m = kind(128, eps=1e-6)
         with torch.no_grad():
@@ -419,7 +425,8 @@ def test_strided_rows_match_float64(norm, dtype, hidden, width, offset, lead, ge
 
 def assert_layout_kernels(layout: str, hidden: int, dtype):
     """The forward and the backward of hidden/dtype ran the default kernels for x in ``layout``."""
-    used = [k for tag, k in _host._KERNELS.items() if tag[-1] == layout and tag[5] == hidden and tag[2] == dtype]
+    used = [k for tag, k in _host._KERNELS.items() if tag[-1] == layout and tag[5] == hidden and tag[2] == dtype
+            and tag[1] in ("fwd", "bwd")]  # not the residual add's, which another test may have run
     assert {k.key.stage for k in used} == {"fwd", "bwd"}
     assert all(k.origin == f"default:{layout}" and k.layout == layout for k in used)
 

@@ -89,7 +89,7 @@ def layout_record(key: NormKey, record: dict | None, layout: str) -> dict | None
     threads a row, 16 bytes each. On the H200 (q heads of Qwen3-8B's qkv, 16384 tokens,
     bench/results/h200-run44) that record's backward took 154.0 us against 120.9 for the
     default's and 118.2 compact, while the forward records gained (69.2 against 71.2 us)."""
-    if record is None or layout != "heads" or key.stage == "fwd":
+    if record is None or layout != "heads" or key.forward:
         return record
     return None
 
@@ -191,7 +191,7 @@ def key_funcs(key: NormKey, kind: str, record: dict | None = None, layout: str =
                                      prefix=narrow_prefix(key), layout=layout))
         funcs.update(small_dx_funcs(key, kind, layout))
         funcs.update(decode_funcs(key, kind, layout))
-    if key.stage == "fwd" and (record or has_own_small_call(key, kind)):
+    if key.forward and (record or has_own_small_call(key, kind)):
         funcs.update(small_call_funcs(key, kind, layout))
     return funcs
 
@@ -281,7 +281,7 @@ def has_own_small_call(key: NormKey, kind: str) -> bool:
     elsewhere its forward serves small calls too."""
     from .sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
     h, b = key.hidden_size, DTYPE_BYTES[key.itype]
-    return kind == "cuda" and key.stage == "fwd" and small_call_cuda_heuristic(h, b) != fwd_cuda_heuristic(h, b)
+    return kind == "cuda" and key.forward and small_call_cuda_heuristic(h, b) != fwd_cuda_heuristic(h, b)
 
 
 def record_fingerprint(record: dict | None) -> str | None:

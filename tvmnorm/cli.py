@@ -7,7 +7,7 @@ import os
 import pathlib
 import sys
 
-from .key import DTYPES, NORMS, STAGES, NormKey
+from .key import DTYPES, FORWARD_STAGES, NORMS, STAGES, NormKey
 from .shapes import hidden_sizes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -33,9 +33,10 @@ def add_key_args(p, stages_default="fwd,bwd"):
     p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all")
     p.add_argument("--hidden", default=None, help="hidden sizes, e.g. 768,4096 (instead of --shapes)")
     p.add_argument("--norms", default="rmsnorm,layernorm", help="rmsnorm,layernorm")
-    p.add_argument("--stages", default=stages_default, help="fwd,bwd,bwd_add")
+    p.add_argument("--stages", default=stages_default, help="fwd,bwd,bwd_add,fwd_add")
     p.add_argument("--dtypes", default="bf16", help="itype=wtype=otype for each, e.g. bf16,fp16,fp32")
-    p.add_argument("--fp8", default=None, help="also fp8 forward keys with this otype (fp8e4m3|fp8e5m2)")
+    p.add_argument("--fp8", default=None, help="also fp8-output keys of the forward stages with this otype "
+                                               "(fp8e4m3|fp8e5m2)")
     p.add_argument("--zero-centered-gamma", action="store_true", help="keys with zero-centred gamma")
     p.add_argument("--keys", default=None, help="packed keys (decimal or 0x hex), comma separated")
 
@@ -78,9 +79,9 @@ def keys_from_args(args) -> list:
                 for dt in dtypes:
                     keys.append(NormKey(norm=norm, stage=stage, itype=dt, wtype=dt, otype=dt, hidden_size=h,
                                         zero_centered_gamma=args.zero_centered_gamma))
-                if args.fp8 and stage == "fwd":
+                if args.fp8 and stage in FORWARD_STAGES:
                     for dt in dtypes:
-                        keys.append(NormKey(norm=norm, stage="fwd", itype=dt, wtype=dt, otype=args.fp8,
+                        keys.append(NormKey(norm=norm, stage=stage, itype=dt, wtype=dt, otype=args.fp8,
                                             hidden_size=h, zero_centered_gamma=args.zero_centered_gamma))
     return list(dict.fromkeys(keys))
 

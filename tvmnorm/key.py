@@ -14,14 +14,18 @@ and every decode helper:
     bits 38-63  reserved, must be zero
 
 Dtype roles follow TransformerEngine: for fwd, x is itype, gamma/beta are wtype and y is
-otype; for bwd/bwd_add, dy is otype, x and dx are itype, dgamma/dbeta are wtype.
+otype (fwd_add: the residual and h = x + residual are itype too); for bwd/bwd_add, dy is
+otype, x and dx are itype, dgamma/dbeta are wtype.
 """
 from __future__ import annotations
 
 import dataclasses
 
 NORMS = ("rmsnorm", "layernorm")
-STAGES = ("fwd", "bwd", "bwd_add")
+# fwd_add: the forward of x + residual, h = x + residual written beside y (a pre-norm block's
+# residual stream: vLLM's fused_add_rms_norm), so the add is not a pass of its own over memory.
+STAGES = ("fwd", "bwd", "bwd_add", "fwd_add")
+FORWARD_STAGES = ("fwd", "fwd_add")
 # fp64 exists for gradcheck-grade references through the same kernels (issue 3).
 DTYPES = ("fp32", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "fp64")
 FP8 = ("fp8e4m3", "fp8e5m2")
@@ -116,10 +120,10 @@ class NormKey:
         for field in ("itype", "wtype"):
             if getattr(self, field) not in FLOAT:
                 raise ValueError(f"{field}={getattr(self, field)} is not allowed: fp8 is only an output type "
-                                 f"of the fwd stage")
-        if self.otype in FP8 and self.stage != "fwd":
+                                 f"of the forward stages")
+        if self.otype in FP8 and not self.forward:
             raise ValueError(f"otype={self.otype} is not allowed for stage={self.stage}: fp8 is only an "
-                             f"output type of the fwd stage")
+                             f"output type of the forward stages {FORWARD_STAGES}")
         if self.ctype not in COMPUTE:
             raise ValueError(f"ctype must be one of {COMPUTE}, got {self.ctype!r}")
         if isinstance(self.hidden_size, bool) or not isinstance(self.hidden_size, int):
@@ -128,6 +132,11 @@ class NormKey:
             raise ValueError(f"hidden_size must be in [1, {MAX_HIDDEN}], got {self.hidden_size}")
         if not isinstance(self.zero_centered_gamma, bool):
             raise ValueError(f"zero_centered_gamma must be a bool, got {self.zero_centered_gamma!r}")
+
+    @property
+    def forward(self) -> bool:
+        """A forward stage (fwd, or fwd_add with the residual add)."""
+        return self.stage in FORWARD_STAGES
 
     @property
     def column_sums(self) -> int:
@@ -189,7 +198,7 @@ def _self_check() -> None:
     if NormKey.unpack(packed) != key or packed >= 2 ** 64:
         raise RuntimeError(f"NormKey pack/unpack round trip failed: {key} -> {packed:#x} -> "
                            f"{NormKey.unpack(packed)}")
-    fwd = NormKey(stage="fwd", otype="fp8e5m2", itype="fp32", wtype="bf16", hidden_size=1)
+    fwd = NormKey(stage="fwd_add", otype="fp8e5m2", itype="fp32", wtype="bf16", hidden_size=1)
     if NormKey.unpack(fwd.pack()) != fwd:
         raise RuntimeError(f"NormKey pack/unpack round trip failed for {fwd}")
 

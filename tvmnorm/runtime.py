@@ -11,6 +11,8 @@ Kernel calling convention (all arrays are DLPack tensors, e.g. torch tensors pas
             fwd fp8  k(x, gamma, scale, y, rsigma, amax, eps=)          scale, amax: fp32 [1]
   layernorm fwd      k(x, gamma, beta, y, mu, rsigma, eps=)
             fwd fp8  k(x, gamma, beta, scale, y, mu, rsigma, amax, eps=)
+  rmsnorm   fwd_add  k(x, residual, gamma, y, h, rsigma, eps=)           h = x + residual, y = norm(h)
+  layernorm fwd_add  k(x, residual, gamma, beta, y, h, mu, rsigma, eps=)  (fp8: scale after beta, amax last)
   rmsnorm   bwd      k(dy, x, rsigma, gamma, dx, dgamma)
             bwd_add  k(dy, x, rsigma, gamma, dz, dx, dgamma)            dx = grad + dz
   layernorm bwd      k(dy, x, mu, rsigma, gamma, dx, dgamma, dbeta)
@@ -52,9 +54,12 @@ class LibraryRefused(RuntimeWarning):
 
 def signature(key: NormKey) -> list:
     ln = key.norm == "layernorm"
-    if key.stage == "fwd":
-        ins = ["x", "gamma"] + (["beta"] if ln else []) + (["scale"] if key.fp8_out else [])
-        return ins + ["y"] + (["mu"] if ln else []) + ["rsigma"] + (["amax"] if key.fp8_out else [])
+    if key.forward:
+        adds = key.stage == "fwd_add"
+        ins = ["x"] + (["residual"] if adds else []) + ["gamma"] + (["beta"] if ln else []) \
+            + (["scale"] if key.fp8_out else [])
+        return (ins + ["y"] + (["h"] if adds else []) + (["mu"] if ln else []) + ["rsigma"]
+                + (["amax"] if key.fp8_out else []))
     stats = ["mu", "rsigma"] if ln else ["rsigma"]
     return (["dy", "x"] + stats + ["gamma"] + (["dz"] if key.stage == "bwd_add" else [])
             + ["dx", "dgamma"] + (["dbeta"] if ln else []))
@@ -125,7 +130,7 @@ def is_small_call(key: NormKey, rows: int) -> bool:
     """Whether a call of ``rows`` rows of ``key`` is a small call: a forward of at most
     SMALL_CALL_BYTES of x, which the small-call kernel serves where the key has one (a tuned
     record, or build.has_own_small_call)."""
-    return key.stage == "fwd" and rows <= small_call_rows(key)
+    return key.forward and rows <= small_call_rows(key)
 
 
 def small_call_rows(key: NormKey) -> int:
@@ -264,15 +269,15 @@ class NormKernel:
         self._nargs = len(self.signature)
         # the array a call's row count is read from: x, but for per-head rows ([tokens, heads,
         # hidden]) the compact y or dy, against which the kernels check x's tokens x heads
-        self._rows_at = self.signature.index("x" if layout != "heads" else "y" if key.stage == "fwd" else "dy")
-        self._plain_fwd = key.stage == "fwd" and not key.fp8_out
+        self._rows_at = self.signature.index("x" if layout != "heads" else "y" if key.forward else "dy")
+        self._plain_fwd = key.forward and not key.fp8_out
         self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
-        self._small_rows = small_call_rows(key) if key.stage == "fwd" and "fwd" in self._small else -1
+        self._small_rows = small_call_rows(key) if key.forward and "fwd" in self._small else -1
         self._narrow_rows = narrow_rows(key.hidden_size)
         if key.fp8_out:
             from .compute.norms import AMAX_ONE_ROWS
             self._amax_zero, self._amax_one_rows = funcs.get("amax_zero"), AMAX_ONE_ROWS
-        if key.stage != "fwd":
+        if not key.forward:
             # a backward's arrays by position: the dx kernel takes the signature up to dx, the
             # decode wgrad dy, x and the statistics, finalize the weights' gradients after dx
             self._dx_end = self.signature.index("dx") + 1
@@ -332,7 +337,7 @@ class NormKernel:
             if rows or self.kind != "cuda":  # CUDA rejects an empty grid
                 self.forward_for(rows)(*arrays, float(self._default_eps if eps is None else eps))
             return None
-        if self.key.stage == "fwd":
+        if self.key.forward:
             return self._fp8_fwd(arrays, rows, float(self._default_eps if eps is None else eps))
         return self._bwd(arrays, rows)
 

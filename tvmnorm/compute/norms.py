@@ -8,6 +8,7 @@ Kernels per stage (``KERNEL_PARTS``) and their arguments, in order:
 
 fwd        rmsnorm    x[n,H], gamma[H], (scale[1]), y[n,H], rsigma[n], (amax_row[n]), eps
            layernorm  x, gamma, beta[H], (scale), y, mu[n], rsigma, (amax_row), eps
+           fwd_add: residual[n,H] after x and h[n,H] after y: the norm of h = x + residual
            (scale and amax_row only when otype is fp8: y = sat(y * scale), amax_row = max|y|
            per row before scaling, as TransformerEngine's fused fp8 output does; on CUDA
            (folds_amax) the forward takes amax[1] in amax_row's place and folds the rows'
@@ -43,7 +44,7 @@ from .._tvm import register_sum_reducers, te, tirx
 from ..key import TVM_DTYPE, NormKey
 from ..targets import KINDS
 
-KERNEL_PARTS = {"fwd": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"), "fwd_fp8_cuda": ("amax_zero", "fwd"),
+KERNEL_PARTS = {"fwd": ("fwd",), "fwd_add": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"), "fwd_fp8_cuda": ("amax_zero", "fwd"),
                 "bwd": ("dx", "combine", "finalize"), "bwd_add": ("dx", "combine", "finalize")}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
@@ -122,6 +123,9 @@ ROW_STAT_OPERANDS = ("mu", "rsigma")
 
 # The CUDA fp8 forward's stage holding y before scaling and the cast (see fwd).
 FP8_Y_STAGE = "y_unscaled"
+# fwd_add's stage holding h = x + residual, which the row sums, y and the store of h read: kept
+# in registers by a CUDA schedule that keeps the row (keep_row), inlined into its readers else.
+ADD_STAGE = "h_sum"
 
 
 def _to_fp8(v, otype: str, dt: str):
@@ -235,6 +239,28 @@ def _store(stat, name):
     return te.compute(stat.shape, lambda i: stat[i], name=name)
 
 
+def _round_to_bf16(v):
+    """fp32 ``v`` rounded to the nearest bf16 (ties to even), still fp32: TVM's
+    BF16ComputeLegalize, which llvm's lowering runs, drops a bf16 cast between fp32 values as
+    if bf16 were only storage, so the rounding is written out on the bits. NaN stays NaN."""
+    bits = tirx.reinterpret("uint32", v)
+    bias = ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
+    rounded = tirx.reinterpret("float32", (bits + bias) & tirx.const(0xFFFF0000, "uint32"))
+    return tirx.Select(tirx.isnan(v), v, rounded)
+
+
+def _residual_sum(a, b, itype: str, kind: str):
+    """a + b rounded to ``itype`` as torch's add rounds it (added in fp32, or in itype where
+    that is wider), so fwd_add's h, and the norm of it, are those of torch's add and then the
+    norm."""
+    it = TVM_DTYPE[itype]
+    at = it if itype in ("fp32", "fp64") else "float32"
+    v = a.astype(at) + b.astype(at)
+    if itype == "bf16" and kind == "llvm":
+        v = _round_to_bf16(v)
+    return v.astype(it)
+
+
 def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     c, up, gamma = _loaders(key)
     N = _rows(rows)
@@ -243,16 +269,24 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     H = tirx.const(key.hidden_size, "int64") if _wide(N) and kind == "cuda" else key.hidden_size
     eps = te.var("eps", c)
     x = te.placeholder((N, H), TVM_DTYPE[key.itype], name="x")
+    adds = []
+    if key.stage == "fwd_add":
+        r = te.placeholder((N, H), TVM_DTYPE[key.itype], name="residual")
+        hsum = te.compute((N, H), lambda i, j: _residual_sum(x[i, j], r[i, j], key.itype, kind), name=ADD_STAGE)
+        h = te.compute((N, H), lambda i, j: hsum[i, j], name="h")
+        adds = [r]
+        xf = lambda i, j: up(hsum[i, j])  # noqa: E731
+    else:
+        xf = lambda i, j: up(x[i, j])  # noqa: E731
     w = te.placeholder((H,), TVM_DTYPE[key.wtype], name="gamma")
     g = gamma(w)
-    xf = lambda i, j: up(x[i, j])  # noqa: E731
     inv_h = tirx.const(1.0 / key.hidden_size, c)
     if key.norm == "rmsnorm":
         k = te.reduce_axis((0, H), name="k")
         ss = te.compute((N,), lambda i: te.sum(xf(i, k) * xf(i, k), axis=k), name="sumsq")
         rs = te.compute((N,), lambda i: te.rsqrt(ss[i] * inv_h + eps), name="rstd")
         yf = lambda i, j: xf(i, j) * rs[i] * g(j)  # noqa: E731
-        ins, stats = [x, w], [_store(rs, "rsigma")]
+        ins, stats = [x] + adds + [w], [_store(rs, "rsigma")]
     else:
         b = te.placeholder((H,), TVM_DTYPE[key.wtype], name="beta")
         k1, k2 = te.reduce_axis((0, H), name="k1"), te.reduce_axis((0, H), name="k2")
@@ -263,10 +297,11 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
                         name="varsum")
         rs = te.compute((N,), lambda i: te.rsqrt(vs[i] * inv_h + eps), name="rstd")
         yf = lambda i, j: (xf(i, j) - mu[i]) * rs[i] * g(j) + up(b[j])  # noqa: E731
-        ins, stats = [x, w, b], [_store(mu, "mu"), _store(rs, "rsigma")]
+        ins, stats = [x] + adds + [w, b], [_store(mu, "mu"), _store(rs, "rsigma")]
+    outs = [h] if adds else []
     if not key.fp8_out:
         y = te.compute((N, H), lambda i, j: yf(i, j).astype(TVM_DTYPE[key.otype]), name="y")
-        return _func(ins + [y] + stats + [eps], name)
+        return _func(ins + [y] + outs + stats + [eps], name)
     scale = te.placeholder((1,), "float32", name="scale")
     if kind == "cuda":
         # y in ctype as a stage of its own, read by the store and by amax: a schedule that keeps
@@ -277,7 +312,7 @@ def fwd(key: NormKey, kind: str, rows=None, name="fwd"):
     y = te.compute((N, H), lambda i, j: _quantize(yf(i, j) * up(scale[0]), key.otype, kind, c), name="y")
     ka = te.reduce_axis((0, H), name="ka")
     amax = te.compute((N,), lambda i: te.max(te.abs(yf(i, ka)).astype("float32"), axis=ka), name="amax_row")
-    return _func(ins + [scale, y] + stats + [amax, eps], name)
+    return _func(ins + [scale, y] + outs + stats + [amax, eps], name)
 
 
 # Rows of amax_row that one task of the amax kernel's first stage reduces (llvm; it was CUDA's

@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, tirx
-from ..compute.norms import FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR, WEIGHT_OPERANDS
+from ..compute.norms import (ADD_STAGE, FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR,
+                             WEIGHT_OPERANDS)
 
 PART_BLOCK = "part"
 
@@ -281,6 +282,12 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if y_stage is not None and not cfg.keep_y:
         sch.compute_inline(y_stage)  # recomputed by the store and by amax
         y_stage = None
+    # fwd_add's h = x + residual: with the row kept, added once into registers that the row
+    # sums, y and h's store read, as y_stage's; else each of them adds it again
+    add_stage = _named_block(sch, ADD_STAGE)
+    if add_stage is not None and not cfg.keep_row:
+        sch.compute_inline(add_stage)
+        add_stage = None
     warp_sums = {}
     if part is None:
         if cfg.warp_sums:
@@ -361,9 +368,10 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             sch.annotate(outer, "pragma_unroll_explicit", 1)
     if part is None and kept:
         _cuda_row_registers(sch, ty, cfg, kept, rows=False)
-    if y_stage is not None:
-        # per-thread registers, as the kept row's (see _cuda_partials for why the assumption)
-        sch.transform_layout(y_stage, ("write", 0), _thread_layout(cfg), assume_injective_transform=True)
+    for stage in (y_stage, add_stage):
+        if stage is not None:
+            # per-thread registers, as the kept row's (see _cuda_partials for why the assumption)
+            sch.transform_layout(stage, ("write", 0), _thread_layout(cfg), assume_injective_transform=True)
     if part is not None:
         if cfg.staged:
             _cuda_row_shared(sch, group, cfg, ROW_OPERANDS)
@@ -399,9 +407,10 @@ def _annotate_if_set(sch, loop, key: str, value) -> None:
 # The fused dx kernel's operands that every stage of a row reads (the reductions, dx and the
 # partial sums): loaded once into registers shared by all of them.
 ROW_OPERANDS = ("dy", "x")
-# The forward's (the reductions, y and fp8's amax), with ``keep_row``; and the decode backward's
-# dx (compute.norms.dx without partials, scheduled as a forward), which reads dy too.
-FWD_ROW_OPERANDS = ("dy", "x")
+# The forward's (the reductions, y and fp8's amax; fwd_add's add, of x and the residual), with
+# ``keep_row``; and the decode backward's dx (compute.norms.dx without partials, scheduled as a
+# forward), which reads dy too.
+FWD_ROW_OPERANDS = ("dy", "x", "residual")
 
 
 def _thread_layout(cfg: CudaRowConfig, rows: bool = False):
@@ -715,6 +724,9 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     sch = sch or Schedule(func)
     root = sch.get_sblock("root")
     part = _named_block(sch, PART_BLOCK)
+    add_stage = _named_block(sch, ADD_STAGE)
+    if add_stage is not None:
+        sch.compute_inline(add_stage)  # fwd_add's x + residual, added by each reader of the row in cache
     for blk in list(sch.get_child_blocks(root)):
         if is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2:
             _cpu_row_divides(int(sch.get(sch.get_loops(blk)[-1]).extent), cfg)

@@ -352,7 +352,7 @@ def torch_compile_fwd_shapes(key: NormKey) -> dict:
     and torch.compile's pair (4: the reread evict_first). Empty for other keys (fp8 output:
     torch.compile's launch of it was not read)."""
     h = key.hidden_size
-    if DTYPE_BYTES[key.itype] != 2 or h % 8 or key.stage != "fwd" or key.otype.startswith("fp8"):
+    if DTYPE_BYTES[key.itype] != 2 or h % 8 or not key.forward or key.otype.startswith("fp8"):
         return {}
     if h >= TORCH_COMPILE_KEPT_BELOW:
         threads, rows = 512, 1

@@ -198,11 +198,14 @@ def compact_weight(w: torch.Tensor, hidden: int) -> torch.Tensor:
     return w.clone(memory_format=torch.contiguous_format)
 
 
-def compact_grad(dy: torch.Tensor, hidden: int) -> torch.Tensor:
-    dy = dy.contiguous()
-    if not aligned(dy, hidden):
-        dy = dy.clone()
-    return dy
+def compact_rows(t: torch.Tensor, hidden: int) -> torch.Tensor:
+    """A row operand other than x (dy, dz, the residual) as the kernels take it: compact and
+    aligned, copied where it is not (autograd hands dy over in whatever layout the next op
+    produced; only x has kernels for other layouts)."""
+    t = t.contiguous()
+    if not aligned(t, hidden):
+        t = t.clone()
+    return t
 
 
 # (op, x dtype, weight dtypes, out dtype) combinations check_dtypes has passed: a set lookup
@@ -257,6 +260,31 @@ def ln_fwd(x, w, b, eps: float, zc: bool, out_dtype):
     kernel("layernorm", "fwd", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
         xk, w, b, rows2d(y, hidden), mu, rs, eps=eps)
     return y, mu, rs
+
+
+def rms_fwd_add(x, residual, w, eps: float, zc: bool, out_dtype):
+    """(y, h, rsigma): h = x + residual and y = rms_norm(h) in one kernel (stage fwd_add);
+    ``residual`` compact."""
+    hidden = x.shape[-1]
+    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    h = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rs = x.new_empty(rows_of(x), dtype=stat_dtype(x.dtype))
+    layout, xk = x_operand(x, hidden)
+    kernel("rmsnorm", "fwd_add", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
+        xk, rows2d(residual, hidden), w, rows2d(y, hidden), rows2d(h, hidden), rs, eps=eps)
+    return y, h, rs
+
+
+def ln_fwd_add(x, residual, w, b, eps: float, zc: bool, out_dtype):
+    """(y, h, mu, rsigma) as rms_fwd_add."""
+    hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
+    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    h = torch.empty_like(x, memory_format=torch.contiguous_format)
+    mu, rs = x.new_empty(rows, dtype=sd), x.new_empty(rows, dtype=sd)
+    layout, xk = x_operand(x, hidden)
+    kernel("layernorm", "fwd_add", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
+        xk, rows2d(residual, hidden), w, b, rows2d(y, hidden), rows2d(h, hidden), mu, rs, eps=eps)
+    return y, h, mu, rs
 
 
 def _fp8_scale(scale, device):

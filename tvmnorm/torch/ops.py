@@ -10,8 +10,9 @@ Layers, thinnest first (STYLE.md lesson 6):
                        the same impls and the same backward; what torch.compile sees
     rms_norm, ...      the public functions, picking one of the two
 
-rms_norm_add and layer_norm_add (residual add, then the norm) add with torch and run the norm's
-backward as its bwd_add kernel, which adds the residual stream's gradient into dx.
+rms_norm_add and layer_norm_add (residual add, then the norm) run one fwd_add kernel, which
+writes h = x + residual beside y, and the norm's backward as its bwd_add kernel, which adds the
+residual stream's gradient into dx.
 
 Why two autograd wrappers around one implementation: a custom op goes through the dispatcher,
 which costs ~14 us per call on the CPU against ~5 us for an autograd.Function (torch 2.13), and a
@@ -49,18 +50,18 @@ def _ln_fwd_impl(x, w, b, eps, zc, out_dtype, op="layer_norm"):
 def _rms_bwd_impl(dy, x, rs, w, zc, dz=None):
     """dz: a gradient added into dx by the kernel (bwd_add; see _add_grads)."""
     hidden = x.shape[-1]
-    return _host.rms_bwd(_host.compact_grad(dy, hidden), x, rs, _host.compact_weight(w, hidden), zc,
-                         None if dz is None else _host.compact_grad(dz, hidden))
+    return _host.rms_bwd(_host.compact_rows(dy, hidden), x, rs, _host.compact_weight(w, hidden), zc,
+                         None if dz is None else _host.compact_rows(dz, hidden))
 
 
 def _ln_bwd_impl(dy, x, mu, rs, w, zc, dz=None):
     hidden = x.shape[-1]
-    return _host.ln_bwd(_host.compact_grad(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc,
-                        None if dz is None else _host.compact_grad(dz, hidden))
+    return _host.ln_bwd(_host.compact_rows(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc,
+                        None if dz is None else _host.compact_rows(dz, hidden))
 
 
-def _residual_sum(op, x, residual):
-    """h = x + residual, the input of a residual add + norm: the same shape, dtype and device."""
+def _check_residual(op, x, residual):
+    """The residual of a residual add + norm: x's shape, dtype and device."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"{op}: residual must be a torch.Tensor, got {type(residual).__name__}")
     if residual.shape != x.shape:
@@ -70,19 +71,21 @@ def _residual_sum(op, x, residual):
                         f"returned in it, and its gradient is theirs")
     if residual.device != x.device:
         raise ValueError(f"{op}: x is on {x.device} but residual is on {residual.device}")
-    return torch.add(x, residual)
 
 
 def _rms_add_fwd_impl(x, residual, w, eps, zc, out_dtype):
-    h = _residual_sum("rms_norm_add", x, residual)
-    y, rs = _rms_fwd_impl(h, w, eps, zc, out_dtype, op="rms_norm_add")
-    return y, h, rs
+    """(y, h, rsigma) of one fwd_add kernel: the add is not a pass of its own."""
+    _check_residual("rms_norm_add", x, residual)
+    hidden = _host.check_input("rms_norm_add", x, [("weight", w)], out_dtype)
+    return _host.rms_fwd_add(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden), float(eps),
+                             zc, out_dtype)
 
 
 def _ln_add_fwd_impl(x, residual, w, b, eps, zc, out_dtype):
-    h = _residual_sum("layer_norm_add", x, residual)
-    y, mu, rs = _ln_fwd_impl(h, w, b, eps, zc, out_dtype, op="layer_norm_add")
-    return y, h, mu, rs
+    _check_residual("layer_norm_add", x, residual)
+    hidden = _host.check_input("layer_norm_add", x, [("weight", w), ("bias", b)], out_dtype)
+    return _host.ln_fwd_add(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden),
+                            _host.compact_weight(b, hidden), float(eps), zc, out_dtype)
 
 
 def _add_grads(dy, dh, h, w, bwd, weights: int):
@@ -377,10 +380,9 @@ layer_norm_add_fwd.register_autograd(_ln_add_backward, setup_context=_ln_add_set
 
 def _check_residual_fake(op, x, residual, weights, out_dtype):
     """The checks the real implementation makes, on fake tensors (shapes, dtypes, devices)."""
-    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
-        _residual_sum(op, x, residual)  # raises, naming what differs
+    _check_residual(op, x, residual)
     _host.check_dtypes(op, x, weights, out_dtype)
-    _host.check_x(op, torch.empty_like(x, memory_format=torch.contiguous_format), weights)  # the norm's input is h
+    _host.check_x(op, x, weights)
 
 
 @torch.library.custom_op("tvmnorm::rms_norm_fp8", mutates_args=())
@@ -481,9 +483,12 @@ def rms_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: flo
     returns ``(y, h)``, h the residual stream's next value (a pre-norm block's
     ``residual = x + residual; x = norm(residual)``, as vLLM's ``fused_add_rms_norm`` and Liger's
     ``LigerFusedAddRMSNorm``, out of place). x and residual share shape, dtype and device; h is
-    compact in that dtype. The backward is one kernel (stage bwd_add): h's gradient from its
-    other uses is added into the norm's dx as it is written, where autograd over
-    ``rms_norm(x + residual)`` adds it in another pass; x and residual get that gradient."""
+    compact in that dtype, rounded as torch's ``x + residual`` (y is the norm of that h). The
+    forward is one kernel (stage fwd_add): x and residual read once, h written beside y, where
+    ``rms_norm(x + residual)`` writes h and reads it back. The backward is one kernel (stage
+    bwd_add): h's gradient from its other uses is added into the norm's dx as it is written,
+    where autograd over ``rms_norm(x + residual)`` adds it in another pass; x and residual get
+    that gradient."""
     weight, _ = _affine("rms_norm_add", x, weight, None, zero_centered_gamma, False)
     _check_tensor("rms_norm_add", "residual", residual)
     out_dtype = x.dtype if out_dtype is None else out_dtype
