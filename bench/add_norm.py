@@ -1,5 +1,6 @@
-"""Residual add + norm on the GPU: tvmnorm.torch.rms_norm_add / layer_norm_add (torch's add, the
-norm's forward kernel; the backward one bwd_add kernel that adds h's gradient into dx) against
+"""Residual add + norm on the GPU: tvmnorm.torch.rms_norm_add / layer_norm_add (the forward one
+fwd_add kernel that writes h beside y; the backward one bwd_add kernel that adds h's gradient
+into dx) against
 what a caller runs otherwise: tvmnorm's plain norm on x + residual (its backward, then autograd's
 add), torch eager and torch.compile on ``h = x + residual; y = norm(h)``, and Liger's fused add +
 RMSNorm (LigerFusedAddRMSNorm: the add inside its forward kernel).

@@ -33,7 +33,7 @@ _MISSING = _cuda_missing()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(bool(_MISSING), reason=f"needs a CUDA GPU (torch and TVM with CUDA): {_MISSING}")]
 
-STAGES = ("fwd", "bwd", "bwd_add")
+STAGES = ("fwd", "bwd", "bwd_add", "fwd_add")
 NORMS = ("rmsnorm", "layernorm")
 DTYPES = ("bf16", "fp16", "fp32")
 HIDDENS = (128, 1000, 7168)
@@ -225,7 +225,7 @@ def test_cuda_zero_rows(cuda_kernels, stage, rng, seed):
     inputs = make_inputs(key, 0, rng, device="cuda")
     outs = call(cuda_kernels(key), inputs, 0, device="cuda")
     torch.cuda.synchronize()
-    for name in ("dgamma", "dbeta") if stage != "fwd" else ():
+    for name in ("dgamma", "dbeta") if not key.forward else ():
         assert torch.equal(outs[name].float().cpu(), torch.zeros(1000)), name
 
 
@@ -237,7 +237,7 @@ def test_cuda_large_hidden(cuda_kernels, stage, norm, rng, seed):
     run_and_check(cuda_kernels, key, 257, rng, seed)
 
 
-@pytest.mark.parametrize("stage", ("fwd", "bwd"))
+@pytest.mark.parametrize("stage", ("fwd", "bwd", "fwd_add"))
 def test_cuda_million_rows(cuda_kernels, stage, rng, seed):
     key = NormKey(stage=stage, itype="bf16", wtype="bf16", otype="bf16", hidden_size=128)
     run_and_check(cuda_kernels, key, 2_000_003, rng, seed)
@@ -533,6 +533,30 @@ def test_cuda_fwd_kept_row(norm, dtype, otype, hidden, threads, vec, rows, rng, 
     key = NormKey(norm=norm, stage="fwd", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
     cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True, keep_y=keep_y)
     kernel = variant_kernel(key, "cuda", cfg)
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
+@pytest.mark.parametrize("rows", (1, 33, 4097))
+@pytest.mark.parametrize("norm,dtype,otype,hidden,cfg", [
+    ("rmsnorm", "bf16", "bf16", 7168, dict(threads=256, vec=4, keep_row=True)),
+    ("layernorm", "bf16", "bf16", 8192, dict(threads=1024, vec=8, keep_row=True, warp_sums=True)),
+    ("rmsnorm", "bf16", "bf16", 128, dict(threads=16, rows=8, vec=8, keep_row=True, full_chunks=1, stream=3)),
+    ("layernorm", "bf16", "bf16", 1000, dict(threads=32, rows=4, vec=8, keep_row=True, early_weights=True)),
+    ("layernorm", "bf16", "fp8e4m3", 4096, dict(threads=512, vec=8, keep_row=True, keep_y=True)),
+    ("rmsnorm", "fp16", "fp8e5m2", 2048, dict(threads=64, rows=2, vec=8, keep_row=True)),
+    ("rmsnorm", "bf16", "bf16", 4096, dict(threads=512, vec=8, stream=1)),
+    ("layernorm", "bf16", "bf16", 128, dict(threads=8, rows=16, vec=4, full_chunks=1)),
+    ("layernorm", "fp32", "fp32", 4095, dict(threads=1024, vec=1, warp_sums=False)),
+    ("rmsnorm", "bf16", "fp8e4m3", 1000, dict(threads=64, rows=2, vec=4))])
+def test_cuda_fwd_add_variants(norm, dtype, otype, hidden, cfg, rows, rng, seed):
+    """fwd_add (h = x + residual written beside y, y the norm of h) at points of the tuned
+    space: h kept in registers with the row (keep_row: added once, read by the sums, y and h's
+    store) with one barrier a sum, weights loaded early, whole blocks, L2 hints and fp8 output
+    (y kept or recomputed); or added again by each stage, h's store on the rows' loops beside
+    them (several rows a block, a partial warp a row, column tails); h bit for bit torch's add."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="fwd_add", itype=dtype, wtype=dtype, otype=otype, hidden_size=hidden)
+    kernel = variant_kernel(key, "cuda", CudaRowConfig(**cfg))
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 

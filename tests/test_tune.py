@@ -24,7 +24,8 @@ from tvmnorm.tune import load_records, read_records, tuning_func
 REPO = pathlib.Path(__file__).resolve().parent.parent
 KEYS = [NormKey(hidden_size=4096), NormKey(norm="layernorm", stage="bwd", hidden_size=1000),
         NormKey(otype="fp8e4m3", hidden_size=128), NormKey(stage="bwd_add", hidden_size=4095, itype="fp16",
-                                                           wtype="fp16", otype="fp16")]
+                                                           wtype="fp16", otype="fp16"),
+        NormKey(norm="layernorm", stage="fwd_add", hidden_size=2048)]
 
 
 def test_vector_widths_divide_the_row_and_fit_16_bytes():

@@ -76,9 +76,12 @@ OPS = {
     # the backward with dz, the gradient reaching x around the norm (a residual's), added into dx
     "rmsnorm_bwd_add": ("rmsnorm", "bwd_add", False),
     "layernorm_bwd_add": ("layernorm", "bwd_add", False),
+    # the forward of h = x + residual, h written beside y (peers: torch's add, then the norm)
+    "rmsnorm_fwd_add": ("rmsnorm", "fwd_add", False),
+    "layernorm_fwd_add": ("layernorm", "fwd_add", False),
 }
-# the ops a run takes unless --ops names others (the *_bwd_add ones: named)
-DEFAULT_OPS = tuple(op for op, (_, stage, _) in OPS.items() if stage != "bwd_add")
+# the ops a run takes unless --ops names others (the *_add ones: named)
+DEFAULT_OPS = tuple(op for op, (_, stage, _) in OPS.items() if stage not in ("bwd_add", "fwd_add"))
 BENCH_DTYPES = ("bf16", "fp16", "fp32")
 IMPL_ORDER = ("tvmnorm_tuned", "tvmnorm_default", "torch_eager", "torch_compile", "liger")
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
@@ -155,7 +158,11 @@ class Case:
         m, h, s = self.rows, self.hidden, DTYPE_BYTES[self.dtype]
         if self.fp8:
             return m * h * (s + 1)
-        return {"fwd": 2, "bwd": 3, "bwd_add": 4}[self.stage] * m * h * s
+        return {"fwd": 2, "bwd": 3, "bwd_add": 4, "fwd_add": 4}[self.stage] * m * h * s
+
+    @property
+    def forward(self) -> bool:
+        return self.stage in ("fwd", "fwd_add")
 
 
 def _torch():
@@ -181,6 +188,8 @@ def make_set(case: Case, device, gen):
     s = {"x": rnd(M, H), "gamma": rnd(H)}
     if case.ln:
         s["beta"] = rnd(H)
+    if case.stage == "fwd_add":
+        s["residual"] = rnd(M, H)
     if case.stage in ("bwd", "bwd_add"):
         s["dy"] = rnd(M, H)
         if case.stage == "bwd_add":
@@ -211,7 +220,10 @@ def reference(case: Case, s) -> dict:
     H = case.hidden
     x, g = s["x"].double(), s["gamma"].double()
     b = s["beta"].double() if case.ln else None
-    if case.stage == "fwd":
+    if case.forward:
+        # fwd_add: the norm of h = x + residual as torch's add rounds it, which h must equal
+        h = (s["x"] + s["residual"]).double() if case.stage == "fwd_add" else None
+        x = x if h is None else h
         with torch.no_grad():
             if case.ln:
                 y = F.layer_norm(x, (H,), g, b, case.eps)
@@ -223,6 +235,8 @@ def reference(case: Case, s) -> dict:
                 out = {"y": y, "rsigma": torch.rsqrt((x * x).mean(-1) + case.eps)}
         if case.fp8:
             out["amax"] = y.abs().max().reshape(1)
+        if h is not None:
+            out["h"] = h
         return out
     x.requires_grad_(True)
     g.requires_grad_(True)
@@ -289,9 +303,11 @@ def _tvm_outputs(case: Case, s, device):
     torch = _torch()
     M, H = case.rows, case.hidden
     dt = torch_dtype(case.dtype)
-    if case.stage == "fwd":
+    if case.forward:
         o = {"y": torch.empty(M, H, dtype=torch_dtype(case.fp8_format) if case.fp8 else dt, device=device),
              "rsigma": torch.empty(M, dtype=torch.float32, device=device)}
+        if case.stage == "fwd_add":
+            o["h"] = torch.empty(M, H, dtype=dt, device=device)
         if case.ln:
             o["mu"] = torch.empty(M, dtype=torch.float32, device=device)
         if case.fp8:
@@ -307,7 +323,7 @@ def _tvm_prepared(kernel, case: Case, sets, device) -> Prepared:
     from .runtime import signature
     names = signature(case.key())
     outs = [_tvm_outputs(case, s, device) for s in sets]
-    eps = case.eps if case.stage == "fwd" else None
+    eps = case.eps if case.forward else None
 
     def make(i):
         arrays = [sets[i][n] if n in sets[i] else outs[i][n] for n in names]
@@ -365,10 +381,23 @@ def liger_norm(ln: bool, eps: float):
     return lambda x, g: LigerRMSNormFunction.apply(x, g, eps, 0.0, "llama", False)
 
 
+def liger_add_rms_norm(eps: float):
+    """Liger's fused add + RMSNorm (LigerFusedAddRMSNorm's function: the add inside its forward
+    kernel) as (x, residual, gamma) -> (y, h); ImportError without it."""
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    # as the module calls it: offset 0, Llama casting, not in place
+    return lambda x, r, g: LigerFusedAddRMSNormFunction.apply(x, r, g, eps, 0.0, "llama", False)
+
+
 def _torch_fn(case: Case):
     """The eager function of (x, gamma[, beta]) -> outputs; for fp8, the unfused recipe
     (norm, amax of y, scale, saturate, cast) that a torch user writes."""
     norm = eager_norm(case.ln, case.hidden, case.eps)
+    if case.stage == "fwd_add":
+        def add_norm(x, r, *weights):
+            h = x + r
+            return norm(h, *weights), h
+        return add_norm
     if not case.fp8:
         return norm
     fdt, m = torch_dtype(case.fp8_format), FP8_MAX[case.fp8_format]
@@ -383,9 +412,16 @@ def _torch_fn(case: Case):
 def _torch_prepared(fn, case: Case, sets) -> Prepared:
     torch = _torch()
     wnames = ["gamma", "beta"] if case.ln else ["gamma"]
-    if case.stage == "fwd":
+    if case.forward:
         def make(s):
-            args = [s["x"]] + [s[n] for n in wnames] + ([s["scale"]] if case.fp8 else [])
+            rows = [s["x"]] + ([s["residual"]] if case.stage == "fwd_add" else [])
+            args = rows + [s[n] for n in wnames] + ([s["scale"]] if case.fp8 else [])
+            if case.stage == "fwd_add":
+                def call():
+                    with torch.no_grad():
+                        y, h = fn(*args)
+                    return {"y": y, "h": h}
+                return call
             if case.fp8:
                 def call():
                     with torch.no_grad():
@@ -443,8 +479,10 @@ def build_liger(ctx, case, sets):
     if case.stage == "bwd_add":
         raise Skip("Liger has no backward-with-add of a norm alone (bench/add_norm.py times its fused add + "
                    "RMSNorm)")
+    if case.stage == "fwd_add" and case.ln:
+        raise Skip("Liger has no fused add + LayerNorm")
     try:
-        fn = liger_norm(case.ln, case.eps)
+        fn = liger_add_rms_norm(case.eps) if case.stage == "fwd_add" else liger_norm(case.ln, case.eps)
     except ImportError as e:
         raise Skip(f"liger_kernel is not installed ({e})") from None
     p = _torch_prepared(fn, case, sets)
@@ -751,6 +789,7 @@ def meta_header(args, kind, timer, roof, library_info) -> dict:
         "last_level_cache_bytes": _last_level_cache_bytes(kind), **roof,
         "bytes_model": {"fwd": "2*M*H*size (read x, write y)", "bwd": "3*M*H*size (read dy, x; write dx)",
                         "bwd_add": "4*M*H*size (read dy, x, dz; write dx)",
+                        "fwd_add": "4*M*H*size (read x, residual; write y, h)",
                         "fwd_fp8": "M*H*(size+1) (read x, write fp8 y)"},
         "frac": "gbps / copy_gbps", "refcheck": bool(args.refcheck),
         "tolerances": {"rel_l2": TOL, "dgamma_dbeta": "tol * max(1, sqrt(rows)/8)"},

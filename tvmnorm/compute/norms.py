@@ -240,9 +240,10 @@ def _store(stat, name):
 
 
 def _round_to_bf16(v):
-    """fp32 ``v`` rounded to the nearest bf16 (ties to even), still fp32: TVM's
-    BF16ComputeLegalize, which llvm's lowering runs, drops a bf16 cast between fp32 values as
-    if bf16 were only storage, so the rounding is written out on the bits. NaN stays NaN."""
+    """fp32 ``v`` rounded to the nearest bf16 (ties to even), still fp32. llvm's lowering runs
+    TVM's BF16ComputeLegalize, which treats bf16 as storage only: it drops a bf16 cast between
+    fp32 values and keeps a bf16 temporary in fp32, so the rounding is written out on the bits.
+    NaN stays NaN."""
     bits = tirx.reinterpret("uint32", v)
     bias = ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
     rounded = tirx.reinterpret("float32", (bits + bias) & tirx.const(0xFFFF0000, "uint32"))
@@ -256,9 +257,7 @@ def _residual_sum(a, b, itype: str, kind: str):
     it = TVM_DTYPE[itype]
     at = it if itype in ("fp32", "fp64") else "float32"
     v = a.astype(at) + b.astype(at)
-    if itype == "bf16" and kind == "llvm":
-        v = _round_to_bf16(v)
-    return v.astype(it)
+    return (_round_to_bf16(v) if itype == "bf16" and kind == "llvm" else v).astype(it)
 
 
 def fwd(key: NormKey, kind: str, rows=None, name="fwd"):

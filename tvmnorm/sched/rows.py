@@ -202,14 +202,29 @@ def _chunk_rows(sch, chain, part, group: int = 1):
     return q, t
 
 
-def _gather_under(sch, anchor, loop):
-    """Move every later stage under ``loop`` of the anchor (the first stage) by
-    reverse_compute_at, which follows the producer chain and accepts output blocks."""
+def _gather_under(sch, anchor, loop, apart=()):
+    """Move every other stage but those named ``apart`` under ``loop`` of the anchor (the first
+    stage of the row's chain) by reverse_compute_at, which follows the producer chain and
+    accepts output blocks. Returns every block, in order."""
     root = sch.get_sblock("root")
+    first = sch.get(anchor).name_hint
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
-    for name in names[1:]:
-        sch.reverse_compute_at(sch.get_sblock(name), loop, preserve_unit_loops=True)
+    for name in names:
+        if name != first and name not in apart:
+            sch.reverse_compute_at(sch.get_sblock(name), loop, preserve_unit_loops=True)
     return [sch.get_sblock(n) for n in names]
+
+
+def _merge_rows(sch, anchor, name: str, rows) -> tuple:
+    """Give block ``name`` the anchor's row loops, split alike ([None, rows]) and merged with
+    them, for a stage outside the anchor's chain (fwd_add's store of h where the add is inlined
+    into its readers: reverse_compute_at gave it every row of the call, under each row).
+    Returns the merged (block, row of the block) loops."""
+    blk = sch.get_sblock(name)
+    sch.split(sch.get_loops(blk)[0], [None, rows])
+    sch.merge(sch.get_loops(anchor)[0], sch.get_loops(blk)[0])
+    row = sch.merge(sch.get_loops(anchor)[1], sch.get_loops(sch.get_sblock(name))[1])
+    return sch.get_loops(anchor)[0], row
 
 
 def _vector_io(sch, blk, outer, skip=()):
@@ -282,19 +297,22 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if y_stage is not None and not cfg.keep_y:
         sch.compute_inline(y_stage)  # recomputed by the store and by amax
         y_stage = None
-    # fwd_add's h = x + residual: with the row kept, added once into registers that the row
-    # sums, y and h's store read, as y_stage's; else each of them adds it again
     add_stage = _named_block(sch, ADD_STAGE)
+    apart = ()
     if add_stage is not None and not cfg.keep_row:
+        # fwd_add without the row kept: x + residual added again by the row sums, y and the
+        # store of h, which so reads nothing the row's chain writes
         sch.compute_inline(add_stage)
-        add_stage = None
+        add_stage, apart = None, ("h",)
     warp_sums = {}
     if part is None:
         if cfg.warp_sums:
             warp_sums = _warp_sums(sch, cfg)
-        anchor = _anchor(sch)
+        anchor = next(b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in apart)
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
-        blocks = _gather_under(sch, anchor, ty)
+        blocks = _gather_under(sch, anchor, ty, apart)
+        for name in apart:
+            bx, ty = _merge_rows(sch, anchor, name, cfg.rows)
         depth = 2
         _annotate_row_loop(sch, ty, cfg)
     elif cfg.warp_sums or cfg.early_weights:
@@ -724,9 +742,9 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
     sch = sch or Schedule(func)
     root = sch.get_sblock("root")
     part = _named_block(sch, PART_BLOCK)
-    add_stage = _named_block(sch, ADD_STAGE)
-    if add_stage is not None:
-        sch.compute_inline(add_stage)  # fwd_add's x + residual, added by each reader of the row in cache
+    # fwd_add's x + residual stays a stage of its own (the anchor, which every later stage of
+    # the row reads): inlined into the norm's fp32 math, llvm's lowering (BF16ComputeLegalize)
+    # would drop h's bf16 rounding, as if bf16 were only storage
     for blk in list(sch.get_child_blocks(root)):
         if is_reduction(sch, blk) and len(sch.get(blk).iter_vars) == 2:
             _cpu_row_divides(int(sch.get(sch.get_loops(blk)[-1]).extent), cfg)
@@ -768,7 +786,7 @@ def schedule_rows_cpu(func, cfg: CpuRowConfig, sch=None):
             sch.reorder(unit, ka, lanes)
             sch.vectorize(lanes)
         elif len(sch.get(blk).iter_vars) == 2 and not is_reduction(sch, blk):
-            unit, j = loops
+            j = loops[-1]  # (the row's unit loop, j) but for the anchor: fwd_add's sum
             jo, ju, jv = sch.split(j, [None, cfg.unroll, cfg.vec])
             sch.vectorize(jv)
             sch.unroll(ju)
