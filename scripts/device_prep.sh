@@ -7,12 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=(python scripts/warm_cache.py --target cuda --out .device/tc --jobs "${JOBS:-$(nproc)}")
-"${W[@]}" --shapes all --stages fwd,bwd --dtypes bf16                     # bench: default impl
+"${W[@]}" --shapes all --stages fwd,bwd,fwd_add --dtypes bf16             # bench: default impl
 "${W[@]}" --shapes all --stages fwd --dtypes bf16 --fp8 fp8e4m3
-"${W[@]}" --hidden 1,7,128,1000,4095,4096,7168,8192 --stages fwd,bwd,bwd_add --dtypes bf16,fp16,fp32  # tests
+"${W[@]}" --hidden 1,7,128,1000,4095,4096,7168,8192 --stages fwd,bwd,bwd_add,fwd_add --dtypes bf16,fp16,fp32  # tests
 "${W[@]}" --hidden 128,1000,4096,7168 --stages fwd --dtypes bf16 --fp8 fp8e5m2
-"${W[@]}" --hidden 1,1000,4095 --stages fwd,bwd,bwd_add --dtypes bf16 --zero-centered-gamma
-"${W[@]}" --hidden 65536 --stages fwd,bwd,bwd_add --dtypes bf16
+"${W[@]}" --hidden 1,1000,4095 --stages fwd,bwd,bwd_add,fwd_add --dtypes bf16 --zero-centered-gamma
+"${W[@]}" --hidden 65536 --stages fwd,bwd,bwd_add,fwd_add --dtypes bf16
 "${W[@]}" --hidden 128,1000,4096,7168 --stages fwd,bwd --dtypes bf16 --layouts strided,heads  # layout tests
 # only the current sources' cache travels: an older tree's kernels never load (the cache is keyed
 # by the source hash) and would double the carried archive

@@ -28,7 +28,7 @@ def run_dir(tmp_path_factory):
     # an empty library directory: tvmnorm_tuned must then say "missing", never time the default
     mp.setenv("TVMNORM_LIBRARY", str(out / "no-library"))
     try:
-        # every op, the *_bwd_add ones (not in a run's default --ops) too
+        # every op, the *_add ones (not in a run's default --ops) too
         rc = bench.main(FAST + ["--dtypes", "bf16", "--impls", "tvmnorm_tuned,tvmnorm_default,torch_eager",
                                 "--ops", ",".join(bench.OPS), "--out", str(out), "--name", "t"])
     finally:
@@ -62,7 +62,7 @@ def test_schema(run_dir):
             assert len(same) == 1
             size = 2
             want = {"fwd": 2 * 7 * r["hidden"] * size, "bwd": 3 * 7 * r["hidden"] * size,
-                    "bwd_add": 4 * 7 * r["hidden"] * size}
+                    "bwd_add": 4 * 7 * r["hidden"] * size, "fwd_add": 4 * 7 * r["hidden"] * size}
             if r["op"].endswith("fp8"):
                 assert r["bytes"] == 7 * r["hidden"] * (size + 1)
             else:
@@ -77,17 +77,35 @@ def test_schema(run_dir):
     assert all(p.stat().st_size > 1000 for p in pngs)
 
 
-def test_backward_with_add_ops(run_dir):
+@pytest.mark.parametrize("stage", ("bwd_add", "fwd_add"))
+def test_residual_add_ops(run_dir, stage):
     """rmsnorm_bwd_add / layernorm_bwd_add time the bwd_add kernels (dx with dz, the gradient
     reaching x around the norm, added) against torch's backward with dz summed into x's
-    gradient as autograd sums it; both right against float64 (test_schema). A run takes them
-    only when --ops names them."""
+    gradient as autograd sums it; rmsnorm_fwd_add / layernorm_fwd_add the fwd_add kernels (y and
+    h = x + residual) against torch's add and then the norm; all right against float64, h
+    among the outputs checked (test_schema). A run takes them only when --ops names them."""
     records = json.loads((run_dir / "t.json").read_text())["records"]
-    add = [r for r in records if r["op"].endswith("_bwd_add") and r["impl"] == "tvmnorm_default"]
+    add = [r for r in records if r["op"].endswith(f"_{stage}") and r["impl"] == "tvmnorm_default"]
     assert len(add) == 4 and all(r["status"] == "ok" and r["origin"] == "default" for r in add), add
-    assert {bench.record_key(r).stage for r in add} == {"bwd_add"}
-    assert not any(op.endswith("_bwd_add") for op in bench.DEFAULT_OPS)
-    assert set(bench.OPS) - set(bench.DEFAULT_OPS) == {"rmsnorm_bwd_add", "layernorm_bwd_add"}
+    assert {bench.record_key(r).stage for r in add} == {stage}
+    assert not any(op.endswith(f"_{stage}") for op in bench.DEFAULT_OPS)
+    assert set(bench.OPS) - set(bench.DEFAULT_OPS) == {f"{n}_{s}" for n in ("rmsnorm", "layernorm")
+                                                        for s in ("bwd_add", "fwd_add")}
+
+
+def test_fwd_add_is_checked_on_h(monkeypatch):
+    """The bench's check holds fwd_add's h against torch's add as well as y: an h of another
+    sum fails it."""
+    import torch
+    case = bench.Case("rmsnorm_fwd_add", "bf16", 64, 5, 5, "tokens", "", "")
+    gen = torch.Generator().manual_seed(0)
+    s = bench.make_set(case, "cpu", gen)
+    ref = bench.reference(case, s)
+    h = s["x"] + s["residual"]
+    good = {"y": ref["y"].to(torch.bfloat16), "h": h}
+    assert bench.check(case, good, ref)[2] is None
+    bad = dict(good, h=(s["x"].double() + 2 * s["residual"].double()).to(torch.bfloat16))
+    assert "h: rel err" in bench.check(case, bad, ref)[2]
 
 
 def _one(monkeypatch, tmp_path, impl, builder, ops="rmsnorm_fwd,layernorm_bwd"):

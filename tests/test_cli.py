@@ -241,3 +241,28 @@ def test_cuda_build_for_another_gpu(tmp_path):
                               "--out", str(tmp_path / "no")], capture_output=True, text=True, timeout=600)
         assert res.returncode != 0 and said in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "no").exists()
+
+
+def test_fwd_add_keys_build_list_and_run_from_the_library(tmp_path, rng, seed):
+    """`--stages fwd_add` (with --fp8, its fp8-output keys too) builds the residual add's
+    forward into a library, `list` names the stage, and the library's kernels (compact and
+    strided x) are right against float64, h torch's add bit for bit."""
+    from conftest import call, check_outputs, make_inputs, x_in_layout
+    from tvmnorm.runtime import Registry
+    out = tmp_path / "lib"
+    tvmnorm_cli("build", "--target", "llvm", "--hidden", "1000", "--norms", "rmsnorm,layernorm", "--stages", "fwd_add",
+                "--dtypes", "bf16", "--fp8", "fp8e4m3", "--no-tuned", "--layouts", "compact,strided", "--out", str(out))
+    listing = [ln for ln in tvmnorm_cli("list", "--library", str(out)).splitlines() if not ln.startswith("#")]
+    assert len(listing) == 4 and all(" fwd_add " in ln for ln in listing), listing
+    registry = Registry()
+    registry.set_library("llvm", out)
+    for norm in ("rmsnorm", "layernorm"):
+        for otype in ("bf16", "fp8e4m3"):
+            key = NormKey(norm=norm, stage="fwd_add", otype=otype, hidden_size=1000)
+            for layout in ("compact", "strided"):
+                kernel = registry.get(key, "llvm", layout)
+                assert kernel.origin == f"library:default{'' if layout == 'compact' else ':' + layout}", kernel.origin
+                inputs = make_inputs(key, 37, rng)
+                given = inputs if layout == "compact" else dict(inputs, x=x_in_layout(inputs["x"], layout))
+                outs = call(kernel, given, 37)
+                check_outputs(key, inputs, outs, f"{key.name} {layout} seed={seed}")

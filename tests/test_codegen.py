@@ -626,6 +626,35 @@ def test_fwd_kept_row_reads_x_once(norm, otype, hidden, threads, vec):
     assert all(re.fullmatch(r"(\(int64_t\))?\d+", i) for i in indices), indices[:4]
 
 
+@pytest.mark.parametrize("norm,otype,hidden,threads,rows,vec", [
+    ("rmsnorm", "bf16", 4096, 512, 1, 8), ("layernorm", "bf16", 1000, 32, 4, 8), ("rmsnorm", "fp8e4m3", 128, 16, 8, 8),
+    ("layernorm", "bf16", 4095, 1024, 1, 1)])
+def test_fwd_add_reads_x_and_residual_once_and_stores_h_per_row(norm, otype, hidden, threads, rows, vec):
+    """fwd_add with the row kept: x and the residual are each loaded once, h = x + residual is
+    added once into per-thread registers (constant indices) that the sums, y and h's store read,
+    and h is stored once. Without it, x and residual are loaded by each stage, but h is still
+    stored once, by the thread and row that computed it: a store of h under the row loop without
+    the row's own loops (reverse_compute_at's placement, for a block outside the anchor's chain)
+    wrote every row of the call under each row."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage="fwd_add", otype=otype, hidden_size=hidden)
+    vectors = -(-hidden // (threads * vec))
+    loads = lambda body, name: len(re.findall(rf"= \*?(\(\w+\*\))?\(?{name}_ptr[\[ +]", body))  # noqa: E731
+    stores = lambda body: len(re.findall(r"\bh_ptr[\[ +][^=;]*\]? = |\*\(\w+\*\)\(h_ptr[^;]*\) = ", body))  # noqa: E731
+    for keep in (True, False):
+        cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=keep)
+        body = kernel(cuda_source(key, row_config=cfg), "fwd")
+        assert stores(body) == vectors, (keep, stores(body))
+        assert not re.search(r"for \([^;]*; [^;]*< n\b", body), "a loop over every row of the call"
+        if keep:
+            assert loads(body, "x") == loads(body, "residual") == vectors
+            assert re.search(rf" h_sum_local_ptr\[{vectors * vec}\];", body)
+            indices = re.findall(r"\bh_sum_local_ptr\[([^\]]*)\]", body)[1:]
+            assert all(re.fullmatch(r"(\(int64_t\))?\d+", i) for i in indices), indices[:4]
+        else:
+            assert loads(body, "x") >= 2 * vectors and "h_sum" not in body
+
+
 @pytest.mark.parametrize("norm,hidden,threads,vec", [("layernorm", 7168, 256, 4), ("rmsnorm", 1000, 32, 8),
                                                      ("layernorm", 4095, 1024, 1)])
 def test_fp8_fwd_keeps_y_in_registers(norm, hidden, threads, vec):
