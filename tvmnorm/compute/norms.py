@@ -44,8 +44,9 @@ from .._tvm import register_sum_reducers, te, tirx
 from ..key import TVM_DTYPE, NormKey
 from ..targets import KINDS
 
-KERNEL_PARTS = {"fwd": ("fwd",), "fwd_add": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"), "fwd_fp8_cuda": ("amax_zero", "fwd"),
-                "bwd": ("dx", "combine", "finalize"), "bwd_add": ("dx", "combine", "finalize")}
+KERNEL_PARTS = {"fwd": ("fwd",), "fwd_add": ("fwd",), "fwd_fp8": ("fwd", "amax", "amax_one"),
+                "fwd_fp8_cuda": ("amax_zero", "fwd"), "bwd": ("dx", "combine", "finalize"),
+                "bwd_add": ("dx", "combine", "finalize")}
 
 # The PrimFunc attribute that carries T (rows per weight-gradient partial) from the compute
 # definition to the schedule, which splits the row loop by it.
@@ -123,8 +124,9 @@ ROW_STAT_OPERANDS = ("mu", "rsigma")
 
 # The CUDA fp8 forward's stage holding y before scaling and the cast (see fwd).
 FP8_Y_STAGE = "y_unscaled"
-# fwd_add's stage holding h = x + residual, which the row sums, y and the store of h read: kept
-# in registers by a CUDA schedule that keeps the row (keep_row), inlined into its readers else.
+# fwd_add's stage holding h = x + residual, which the row sums, y and the store of h read: in
+# registers where a CUDA schedule keeps the row (keep_row), else inlined into its readers; on
+# llvm a stage of its own (sched/rows.py).
 ADD_STAGE = "h_sum"
 
 
