@@ -59,7 +59,7 @@ import traceback
 import warnings
 import zlib
 
-from .key import DTYPE_BYTES, NormKey
+from .key import DTYPE_BYTES, FORWARD_STAGES, NormKey
 from .shapes import DECODE_ROWS, TRAIN_TOKENS, hidden_sizes, shape_of
 from .shapes import shapes as catalog_shapes
 
@@ -162,7 +162,7 @@ class Case:
 
     @property
     def forward(self) -> bool:
-        return self.stage in ("fwd", "fwd_add")
+        return self.stage in FORWARD_STAGES
 
 
 def _torch():

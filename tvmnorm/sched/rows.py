@@ -143,9 +143,10 @@ def _inner_loop(sch, blk, depth):
     return sch.fuse(*inner) if len(inner) > 1 else inner[0]
 
 
-def _anchor(sch):
-    """The first stage; every later stage of a row kernel depends on it through a chain."""
-    return sch.get_child_blocks(sch.get_sblock("root"))[0]
+def _anchor(sch, apart=()):
+    """The first stage but those named ``apart``; every later stage of a row kernel depends on it
+    through a chain (those apart do not: _merge_rows)."""
+    return next(b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in apart)
 
 
 def _named_block(sch, name):
@@ -308,7 +309,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if part is None:
         if cfg.warp_sums:
             warp_sums = _warp_sums(sch, cfg)
-        anchor = next(b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in apart)
+        anchor = _anchor(sch, apart)
         bx, ty = sch.split(sch.get_loops(anchor)[0], [None, cfg.rows])
         blocks = _gather_under(sch, anchor, ty, apart)
         for name in apart:
