@@ -563,6 +563,8 @@ def test_empty_input(norm, shape):
     y8, amax = (tn.rms_norm_fp8(x, w, 2.0) if norm == "rmsnorm" else tn.layer_norm_fp8(x, w, b, 2.0))
     assert y8.shape == shape and y8.dtype == torch.float8_e4m3fn
     assert amax.shape == (1,) and amax.item() == 0.0
+    y8, h, amax = (tn.rms_norm_add_fp8(x, x, w, 2.0) if norm == "rmsnorm" else tn.layer_norm_add_fp8(x, x, w, b, 2.0))
+    assert y8.shape == h.shape == shape and amax.shape == (1,) and amax.item() == 0.0
 
 
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
@@ -619,6 +621,52 @@ def test_fp8_output(norm, fp8_dtype, strided, gen):
     assert big.double().isfinite().all()
 
 
+@pytest.mark.parametrize("fp8_dtype", (torch.float8_e4m3fn, torch.float8_e5m2), ids=("e4m3", "e5m2"))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("layout", ("compact", "strided"))
+def test_add_norm_fp8_output(norm, fp8_dtype, layout, gen):
+    """rms_norm_add_fp8 / layer_norm_add_fp8: one fwd_add kernel with the fp8 cast, h = x +
+    residual exactly (torch's add), y8 and amax those of h's norm (test_fp8_output's bounds);
+    x strided (the strided rows' kernel) with a strided residual (copied compact)."""
+    wide = 40 * (layout == "strided")
+    x = rand(gen, (3, 5, 128 + wide), torch.bfloat16, offset=1.0)[..., wide:]
+    r = rand(gen, (3, 5, 128 + wide), torch.bfloat16)[..., :128]
+    w = (1 + 0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16)
+    b = (0.5 * torch.randn(128, generator=gen)).to(torch.bfloat16)
+    eps = 1e-6 if norm == "rmsnorm" else 1e-5
+    add_fp8 = (lambda s: tn.rms_norm_add_fp8(x, r, w, s, eps, fp8_dtype=fp8_dtype)) if norm == "rmsnorm" else \
+        (lambda s: tn.layer_norm_add_fp8(x, r, w, b, s, eps, fp8_dtype=fp8_dtype))
+    y8, h, amax = add_fp8(torch.tensor([3.0]))
+    assert torch.equal(h, x + r) and h.is_contiguous() and h.dtype == x.dtype
+    q, amax_ref = fp8_reference(norm, h, w, b, 3.0, fp8_dtype, eps)
+    assert y8.dtype == fp8_dtype and y8.shape == x.shape
+    assert amax.dtype == torch.float32 and amax.shape == (1,)
+    assert_close("amax", amax, amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+    step = 2.0 ** -(3 if fp8_dtype == torch.float8_e4m3fn else 2)
+    assert_close("y_fp8", y8.double(), q.double(), torch.float32, rtol=step, atol=0.02)
+    assert (y8.double() == q.double()).float().mean() > 0.95
+    big = add_fp8(1e6)[0].double()
+    assert big.abs().max() == torch.finfo(fp8_dtype).max and big.isfinite().all()
+
+
+def test_add_norm_fp8_is_one_kernel_and_checks_its_input(monkeypatch, gen):
+    spy = Spy(monkeypatch)
+    x, r, w = rand(gen, (4, 128)), rand(gen, (4, 128)), torch.ones(128)
+    y8, h, amax = tn.rms_norm_add_fp8(x, r, w, 2.0)
+    (k, ptrs), = spy.calls
+    assert (k.key.stage, k.key.otype) == ("fwd_add", "fp8e4m3") and ptrs[:2] == [x.data_ptr(), r.data_ptr()]
+    assert {y8.data_ptr(), h.data_ptr(), amax.data_ptr()} <= set(ptrs)
+    assert not (y8.requires_grad or h.requires_grad)
+    with pytest.raises(ValueError, match=r"rms_norm_add_fp8: residual must have x's shape \[4, 128\], got \[1, 128\]"):
+        tn.rms_norm_add_fp8(x, r[:1], w, 2.0)
+    with pytest.raises(TypeError, match="layer_norm_add_fp8: fp8_dtype must be"):
+        tn.layer_norm_add_fp8(x, r, w, None, 2.0, fp8_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="layer_norm_add_fp8: scale must hold one value"):
+        tn.layer_norm_add_fp8(x, r, w, None, torch.ones(2))
+    with pytest.raises(TypeError, match="rms_norm_add_fp8: fp8 output needs x in float32"):
+        tn.rms_norm_add_fp8(x.double(), r.double(), w.double(), 2.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.library / torch.compile
 
@@ -632,6 +680,10 @@ OPS = [
                                           x.dtype)),
     ("layer_norm_add_fwd", lambda x, w, b: (x, torch.randn(x.shape).requires_grad_(x.requires_grad), w, b, 1e-5,
                                             True, torch.bfloat16)),
+    ("rms_norm_add_fp8", lambda x, w, b: (x, torch.randn(x.shape), w, torch.tensor([2.0]), 1e-6, False,
+                                          torch.float8_e4m3fn)),
+    ("layer_norm_add_fp8", lambda x, w, b: (x, torch.randn(x.shape), w, b, torch.tensor([2.0]), 1e-5, True,
+                                            torch.float8_e5m2)),
 ]
 
 
@@ -716,13 +768,15 @@ def test_compile_functional_dynamic(gen):
 
     def f(x):
         y, h = tn.rms_norm_add(x, x * 0.5, w)
-        return tn.rms_norm(x, w) * 2, tn.rms_norm_fp8(x, w, 4.0)[1], y, h
+        return tn.rms_norm(x, w) * 2, tn.rms_norm_fp8(x, w, 4.0)[1], y, h, tn.rms_norm_add_fp8(x, x * 0.5, w, 4.0)
 
     torch._dynamo.reset()
     cf = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
     for rows in (3, 9):
         x = rand(gen, (rows, 128))
-        y, amax, y_add, h = cf(x)
+        y, amax, y_add, h, (y8, h8, amax8) = cf(x)
+        torch.testing.assert_close(amax8, F.rms_norm(x * 1.5, (128,), w, 1e-6).abs().max().reshape(1))
+        assert torch.equal(h8, h) and y8.dtype == torch.float8_e4m3fn
         torch.testing.assert_close(y, 2 * F.rms_norm(x, (128,), w, 1e-6))
         torch.testing.assert_close(amax, F.rms_norm(x, (128,), w, 1e-6).abs().max().reshape(1))
         torch.testing.assert_close(h, x * 1.5)

@@ -231,6 +231,30 @@ def test_add_norm_cuda(norm, dtype, hidden, lead, gen):
     check_add_norm(norm, x, r, w, b, 1e-5, gen)
 
 
+@pytest.mark.parametrize("lead", [(1,), (5, 300)], ids=["1", "5x300"])
+@pytest.mark.parametrize("hidden,wide", [(4096, 0), (1000, 0), (7168, 512)], ids=["4096", "1000", "7168-strided"])
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_add_norm_fp8_cuda(norm, hidden, wide, lead, gen):
+    """Residual add + norm with fp8 output (the fwd_add kernel with scale and amax): h bit for
+    bit torch's add, y8 and amax against float64 of h's norm; odd width and strided x."""
+    x = rand(gen, lead + (hidden + wide,), torch.bfloat16, offset=1.0, device=DEV)[..., wide:]
+    r = rand(gen, lead + (hidden,), torch.bfloat16, device=DEV)
+    w = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(DEV, torch.bfloat16)
+    b = (0.5 * torch.randn(hidden, generator=gen)).to(DEV, torch.bfloat16)
+    scale = torch.tensor([3.0], device=DEV)
+    if norm == "rmsnorm":
+        y8, h, amax = tn.rms_norm_add_fp8(x, r, w, scale, 1e-6)
+    else:
+        y8, h, amax = tn.layer_norm_add_fp8(x, r, w, b, scale, 1e-5)
+    assert torch.equal(h, x + r)
+    q, amax_ref = fp8_reference(norm, h.cpu(), w.cpu(), b.cpu(), 3.0, torch.float8_e4m3fn,
+                                1e-6 if norm == "rmsnorm" else 1e-5)
+    assert y8.device.type == "cuda" and y8.dtype == torch.float8_e4m3fn and amax.shape == (1,)
+    assert_close("amax", amax.cpu(), amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
+    assert_close("y_fp8", y8.cpu().double(), q.double(), torch.float32, rtol=2.0 ** -3, atol=0.02)
+    assert (y8.cpu().double() == q.double()).float().mean() > 0.95
+
+
 @pytest.mark.parametrize("layout", ("strided", "heads"))
 def test_x_layout_fp8_cuda(layout, gen):
     """fp8 output of strided rows (x[..., 256:4352] of rows of 4608) and of per-head q (33 tokens

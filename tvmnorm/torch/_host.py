@@ -262,29 +262,46 @@ def ln_fwd(x, w, b, eps: float, zc: bool, out_dtype):
     return y, mu, rs
 
 
+def _fwd_add(norm: str, x, residual, weights, stats: int, eps: float, zc: bool, out_dtype, scale=None):
+    """(y, h, the row statistics, amax) of one fwd_add kernel: h = x + residual and y its norm,
+    with ``scale`` y = saturate(norm * scale) in the fp8 ``out_dtype`` and amax its max |norm|
+    (else None); ``residual`` compact, ``stats`` 2 for layernorm (mu, rsigma), 1 for rmsnorm."""
+    hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
+    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    h = torch.empty_like(x, memory_format=torch.contiguous_format)
+    st = [x.new_empty(rows, dtype=sd) for _ in range(stats)]
+    amax = None if scale is None else _amax_out(rows, x.device)
+    if rows:
+        fp8_in, fp8_out = ((), ()) if scale is None else ((_fp8_scale(scale, x.device),), (amax,))
+        layout, xk = x_operand(x, hidden)
+        kernel(norm, "fwd_add", x.dtype, weights[0].dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
+            xk, rows2d(residual, hidden), *weights, *fp8_in, rows2d(y, hidden), rows2d(h, hidden), *st, *fp8_out,
+            eps=eps)
+    return y, h, st, amax
+
+
 def rms_fwd_add(x, residual, w, eps: float, zc: bool, out_dtype):
     """(y, h, rsigma): h = x + residual and y = rms_norm(h) in one kernel (stage fwd_add);
     ``residual`` compact."""
-    hidden = x.shape[-1]
-    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
-    h = torch.empty_like(x, memory_format=torch.contiguous_format)
-    rs = x.new_empty(rows_of(x), dtype=stat_dtype(x.dtype))
-    layout, xk = x_operand(x, hidden)
-    kernel("rmsnorm", "fwd_add", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
-        xk, rows2d(residual, hidden), w, rows2d(y, hidden), rows2d(h, hidden), rs, eps=eps)
+    y, h, (rs,), _ = _fwd_add("rmsnorm", x, residual, (w,), 1, eps, zc, out_dtype)
     return y, h, rs
 
 
 def ln_fwd_add(x, residual, w, b, eps: float, zc: bool, out_dtype):
     """(y, h, mu, rsigma) as rms_fwd_add."""
-    hidden, rows, sd = x.shape[-1], rows_of(x), stat_dtype(x.dtype)
-    y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
-    h = torch.empty_like(x, memory_format=torch.contiguous_format)
-    mu, rs = x.new_empty(rows, dtype=sd), x.new_empty(rows, dtype=sd)
-    layout, xk = x_operand(x, hidden)
-    kernel("layernorm", "fwd_add", x.dtype, w.dtype, out_dtype, hidden, zc, x.is_cuda, layout)(
-        xk, rows2d(residual, hidden), w, b, rows2d(y, hidden), rows2d(h, hidden), mu, rs, eps=eps)
+    y, h, (mu, rs), _ = _fwd_add("layernorm", x, residual, (w, b), 2, eps, zc, out_dtype)
     return y, h, mu, rs
+
+
+def rms_fwd_add_fp8(x, residual, w, scale, eps: float, zc: bool, fp8_dtype):
+    """(y in fp8, h, amax): rms_fwd_add with the fp8 cast and amax of rms_fwd_fp8."""
+    y, h, _, amax = _fwd_add("rmsnorm", x, residual, (w,), 1, eps, zc, fp8_dtype, scale)
+    return y, h, amax
+
+
+def ln_fwd_add_fp8(x, residual, w, b, scale, eps: float, zc: bool, fp8_dtype):
+    y, h, _, amax = _fwd_add("layernorm", x, residual, (w, b), 2, eps, zc, fp8_dtype, scale)
+    return y, h, amax
 
 
 def _fp8_scale(scale, device):

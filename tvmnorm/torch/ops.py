@@ -119,6 +119,24 @@ def _ln_fp8_impl(x, w, b, scale, eps, zc, fp8_dtype, op="layer_norm_fp8"):
                             float(eps), zc, fp8_dtype)
 
 
+def _rms_add_fp8_impl(x, residual, w, scale, eps, zc, fp8_dtype):
+    op = "rms_norm_add_fp8"
+    _check_residual(op, x, residual)
+    hidden = _host.check_input(op, x, [("weight", w)], fp8_dtype, fp8=True)
+    _check_scale(op, scale, x)
+    return _host.rms_fwd_add_fp8(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden), scale,
+                                 float(eps), zc, fp8_dtype)
+
+
+def _ln_add_fp8_impl(x, residual, w, b, scale, eps, zc, fp8_dtype):
+    op = "layer_norm_add_fp8"
+    _check_residual(op, x, residual)
+    hidden = _host.check_input(op, x, [("weight", w), ("bias", b)], fp8_dtype, fp8=True)
+    _check_scale(op, scale, x)
+    return _host.ln_fwd_add_fp8(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden),
+                                _host.compact_weight(b, hidden), scale, float(eps), zc, fp8_dtype)
+
+
 def _check_scale(op, scale, x):
     if scale.numel() != 1:
         raise ValueError(f"{op}: scale must hold one value (shape [] or [1]), got shape {list(scale.shape)}")
@@ -378,10 +396,10 @@ def _ln_add_backward(ctx, dy, dh, _dmu, _drsigma):
 layer_norm_add_fwd.register_autograd(_ln_add_backward, setup_context=_ln_add_setup)
 
 
-def _check_residual_fake(op, x, residual, weights, out_dtype):
+def _check_residual_fake(op, x, residual, weights, out_dtype, fp8: bool = False):
     """The checks the real implementation makes, on fake tensors (shapes, dtypes, devices)."""
     _check_residual(op, x, residual)
-    _host.check_dtypes(op, x, weights, out_dtype)
+    _host.check_dtypes(op, x, weights, out_dtype, fp8)
     _host.check_x(op, x, weights)
 
 
@@ -409,6 +427,32 @@ def _(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype):
     _host.check_dtypes("layer_norm_fp8", x, [("weight", weight), ("bias", bias)], fp8_dtype, fp8=True)
     _host.check_x("layer_norm_fp8", x, [("weight", weight), ("bias", bias)])
     return x.new_empty(x.shape, dtype=fp8_dtype), x.new_empty((1,), dtype=torch.float32)
+
+
+@torch.library.custom_op("tvmnorm::rms_norm_add_fp8", mutates_args=())
+def rms_norm_add_fp8_op(x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float,
+                        zero_centered_gamma: bool, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (y in fp8_dtype, h = x + residual, amax [1])."""
+    return _rms_add_fp8_impl(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+@rms_norm_add_fp8_op.register_fake
+def _(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype):
+    _check_residual_fake("rms_norm_add_fp8", x, residual, [("weight", weight)], fp8_dtype, fp8=True)
+    return x.new_empty(x.shape, dtype=fp8_dtype), x.new_empty(x.shape), x.new_empty((1,), dtype=torch.float32)
+
+
+@torch.library.custom_op("tvmnorm::layer_norm_add_fp8", mutates_args=())
+def layer_norm_add_fp8_op(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, scale: Tensor, eps: float,
+                          zero_centered_gamma: bool, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    return _ln_add_fp8_impl(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+@layer_norm_add_fp8_op.register_fake
+def _(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype):
+    _check_residual_fake("layer_norm_add_fp8", x, residual, [("weight", weight), ("bias", bias)], fp8_dtype,
+                         fp8=True)
+    return x.new_empty(x.shape, dtype=fp8_dtype), x.new_empty(x.shape), x.new_empty((1,), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,3 +591,32 @@ def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
         return layer_norm_fp8_op(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         return _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+def rms_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, *,
+                     fp8_dtype: torch.dtype = torch.float8_e4m3fn, zero_centered_gamma: bool = False):
+    """Residual add, then RMSNorm with the fused fp8 cast: ``(y_fp8, h, amax)`` with ``h = x +
+    residual`` as in :func:`rms_norm_add` and ``y_fp8, amax`` of h's norm as in
+    :func:`rms_norm_fp8` (vLLM's ``fused_add_rms_norm_static_fp8_quant``, out of place), in one
+    kernel. Forward only, as :func:`rms_norm_fp8`."""
+    weight, _ = _affine("rms_norm_add_fp8", x, weight, None, zero_centered_gamma, False)
+    _check_tensor("rms_norm_add_fp8", "residual", residual)
+    scale = _scale_tensor("rms_norm_add_fp8", scale, x)
+    if torch.compiler.is_compiling():
+        return rms_norm_add_fp8_op(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+    with torch.no_grad():
+        return _rms_add_fp8_impl(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+
+
+def layer_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], scale,
+                       eps: float = 1e-5, *, fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+                       zero_centered_gamma: bool = False):
+    """Residual add, then LayerNorm with the fused fp8 cast: ``(y_fp8, h, amax)`` as in
+    :func:`rms_norm_add_fp8`."""
+    weight, bias = _affine("layer_norm_add_fp8", x, weight, bias, zero_centered_gamma, True)
+    _check_tensor("layer_norm_add_fp8", "residual", residual)
+    scale = _scale_tensor("layer_norm_add_fp8", scale, x)
+    if torch.compiler.is_compiling():
+        return layer_norm_add_fp8_op(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+    with torch.no_grad():
+        return _ln_add_fp8_impl(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
