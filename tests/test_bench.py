@@ -64,7 +64,8 @@ def test_schema(run_dir):
             want = {"fwd": 2 * 7 * r["hidden"] * size, "bwd": 3 * 7 * r["hidden"] * size,
                     "bwd_add": 4 * 7 * r["hidden"] * size, "fwd_add": 4 * 7 * r["hidden"] * size}
             if r["op"].endswith("fp8"):
-                assert r["bytes"] == 7 * r["hidden"] * (size + 1)
+                reads_adds = 3 if "_add" in r["op"] else 1  # x and residual read, h written
+                assert r["bytes"] == 7 * r["hidden"] * (reads_adds * size + 1)
             else:
                 assert r["bytes"] == want[bench.OPS[r["op"]][1]]
             assert r["gbps"] == pytest.approx(r["bytes"] / (r["us"] * 1e-6) / 1e9)
@@ -85,12 +86,14 @@ def test_residual_add_ops(run_dir, stage):
     h = x + residual) against torch's add and then the norm; all right against float64, h
     among the outputs checked (test_schema). A run takes them only when --ops names them."""
     records = json.loads((run_dir / "t.json").read_text())["records"]
-    add = [r for r in records if r["op"].endswith(f"_{stage}") and r["impl"] == "tvmnorm_default"]
-    assert len(add) == 4 and all(r["status"] == "ok" and r["origin"] == "default" for r in add), add
+    add = [r for r in records if f"_{stage}" in r["op"] and r["impl"] in ("tvmnorm_default", "torch_eager")]
+    assert len(add) == (16 if stage == "fwd_add" else 8), add  # x fp8 output for fwd_add
+    assert all(r["status"] == "ok" for r in add), add
     assert {bench.record_key(r).stage for r in add} == {stage}
-    assert not any(op.endswith(f"_{stage}") for op in bench.DEFAULT_OPS)
+    assert {r["origin"] for r in add if r["impl"] == "tvmnorm_default"} == {"default"}
+    assert not any(f"_{stage}" in op for op in bench.DEFAULT_OPS)
     assert set(bench.OPS) - set(bench.DEFAULT_OPS) == {f"{n}_{s}" for n in ("rmsnorm", "layernorm")
-                                                        for s in ("bwd_add", "fwd_add")}
+                                                        for s in ("bwd_add", "fwd_add", "fwd_add_fp8")}
 
 
 def test_fwd_add_is_checked_on_h(monkeypatch):
@@ -106,6 +109,15 @@ def test_fwd_add_is_checked_on_h(monkeypatch):
     assert bench.check(case, good, ref)[2] is None
     bad = dict(good, h=(s["x"].double() + 2 * s["residual"].double()).to(torch.bfloat16))
     assert "h: rel err" in bench.check(case, bad, ref)[2]
+    # with fp8 output: y of the norm of h, scaled and cast, amax, and h itself
+    case8 = bench.Case("layernorm_fwd_add_fp8", "bf16", 64, 5, 5, "tokens", "", "")
+    s8 = bench.make_set(case8, "cpu", gen)
+    ref8 = bench.reference(case8, s8)
+    y8, amax, h8 = bench._torch_fn(case8)(s8["x"], s8["residual"], s8["gamma"], s8["beta"], s8["scale"])
+    assert y8.dtype == torch.float8_e4m3fn and torch.equal(h8, s8["x"] + s8["residual"])
+    good8 = {"y": y8, "amax": amax, "h": h8}
+    assert bench.check(case8, good8, ref8)[2] is None
+    assert "h: rel err" in bench.check(case8, dict(good8, h=s8["x"]), ref8)[2]
 
 
 def _one(monkeypatch, tmp_path, impl, builder, ops="rmsnorm_fwd,layernorm_bwd"):

@@ -21,6 +21,8 @@ per-row statistics are ignored: they are O(H + M) against O(M*H)):
   fwd       2 * M * H * size        read x, write y
   bwd       3 * M * H * size        read dy and x, write dx
   fp8 fwd   M * H * (size + 1)      read x, write one byte of y
+  fwd_add   4 * M * H * size        read x and residual, write y and h
+  fp8 fwd_add  M * H * (3 * size + 1)  read x and residual, write h and one byte of y
 
 ``gbps`` is bytes / median time; ``frac`` is gbps / copy_gbps, where copy_gbps comes from a
 large device copy (bytes read + bytes written) timed in the same run with the same timer.
@@ -79,6 +81,9 @@ OPS = {
     # the forward of h = x + residual, h written beside y (peers: torch's add, then the norm)
     "rmsnorm_fwd_add": ("rmsnorm", "fwd_add", False),
     "layernorm_fwd_add": ("layernorm", "fwd_add", False),
+    # the same with y in fp8 (rms_norm_add_fp8; vLLM's fused_add_rms_norm_static_fp8_quant)
+    "rmsnorm_fwd_add_fp8": ("rmsnorm", "fwd_add", True),
+    "layernorm_fwd_add_fp8": ("layernorm", "fwd_add", True),
 }
 # the ops a run takes unless --ops names others (the *_add ones: named)
 DEFAULT_OPS = tuple(op for op, (_, stage, _) in OPS.items() if stage not in ("bwd_add", "fwd_add"))
@@ -157,7 +162,7 @@ class Case:
     def bytes(self) -> int:
         m, h, s = self.rows, self.hidden, DTYPE_BYTES[self.dtype]
         if self.fp8:
-            return m * h * (s + 1)
+            return m * h * ((3 if self.stage == "fwd_add" else 1) * s + 1)
         return {"fwd": 2, "bwd": 3, "bwd_add": 4, "fwd_add": 4}[self.stage] * m * h * s
 
     @property
@@ -393,45 +398,37 @@ def _torch_fn(case: Case):
     """The eager function of (x, gamma[, beta]) -> outputs; for fp8, the unfused recipe
     (norm, amax of y, scale, saturate, cast) that a torch user writes."""
     norm = eager_norm(case.ln, case.hidden, case.eps)
-    if case.stage == "fwd_add":
-        def add_norm(x, r, *weights):
-            h = x + r
-            return norm(h, *weights), h
-        return add_norm
-    if not case.fp8:
-        return norm
-    fdt, m = torch_dtype(case.fp8_format), FP8_MAX[case.fp8_format]
+    if case.fp8:
+        fdt, m, plain = torch_dtype(case.fp8_format), FP8_MAX[case.fp8_format], norm
 
-    def fp8(*a):
-        scale = a[-1]
-        y = norm(*a[:-1]).float()
-        return (y * scale).clamp(-m, m).to(fdt), y.abs().amax().reshape(1)
-    return fp8
+        def norm(*a):
+            scale = a[-1]
+            y = plain(*a[:-1]).float()
+            return (y * scale).clamp(-m, m).to(fdt), y.abs().amax().reshape(1)
+    if case.stage == "fwd_add":
+        def add_norm(x, r, *rest):
+            h = x + r
+            out = norm(h, *rest)
+            return (*out, h) if case.fp8 else (out, h)
+        return add_norm
+    return norm
 
 
 def _torch_prepared(fn, case: Case, sets) -> Prepared:
     torch = _torch()
     wnames = ["gamma", "beta"] if case.ln else ["gamma"]
     if case.forward:
+        # _torch_fn's results in order: y, then amax (fp8), then h (fwd_add)
+        names = ["y"] + ["amax"] * case.fp8 + ["h"] * (case.stage == "fwd_add")
+
         def make(s):
             rows = [s["x"]] + ([s["residual"]] if case.stage == "fwd_add" else [])
             args = rows + [s[n] for n in wnames] + ([s["scale"]] if case.fp8 else [])
-            if case.stage == "fwd_add":
-                def call():
-                    with torch.no_grad():
-                        y, h = fn(*args)
-                    return {"y": y, "h": h}
-                return call
-            if case.fp8:
-                def call():
-                    with torch.no_grad():
-                        y, amax = fn(*args)
-                    return {"y": y, "amax": amax}
-                return call
 
             def call():
                 with torch.no_grad():
-                    return {"y": fn(*args)}
+                    out = fn(*args)
+                return dict(zip(names, out if len(names) > 1 else (out,)))
             return call
         return Prepared([make(s) for s in sets])
 
@@ -790,7 +787,8 @@ def meta_header(args, kind, timer, roof, library_info) -> dict:
         "bytes_model": {"fwd": "2*M*H*size (read x, write y)", "bwd": "3*M*H*size (read dy, x; write dx)",
                         "bwd_add": "4*M*H*size (read dy, x, dz; write dx)",
                         "fwd_add": "4*M*H*size (read x, residual; write y, h)",
-                        "fwd_fp8": "M*H*(size+1) (read x, write fp8 y)"},
+                        "fwd_fp8": "M*H*(size+1) (read x, write fp8 y)",
+                        "fwd_add_fp8": "M*H*(3*size+1) (read x, residual; write h, fp8 y)"},
         "frac": "gbps / copy_gbps", "refcheck": bool(args.refcheck),
         "tolerances": {"rel_l2": TOL, "dgamma_dbeta": "tol * max(1, sqrt(rows)/8)"},
         "library": library_info, "fp8_format": args.fp8_format, "fp8_scale": FP8_SCALE,
