@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The working tree travels with every device call, and a call carries at most 64 MiB: with
-# .device/b (42 MiB) and .device/tc.txz (11 MiB) the tree must stay under ~10 MiB. Before such a
+# .device/b (42 MiB) the tree must stay under ~20 MiB, and .device/tc.txz (~22 MiB) now rides with
+# .device/a (30 MiB) in the staging call (bench/h200_proof.sh cache unpacks it). Before such a
 # call, `trim` moves what the GPU jobs never read (the raw tuning databases and every bench result
 # but h200-tuned.json, which `tune accept` reads as PREVIOUS) into .device/stash (git-ignored);
 # after the lease, `restore` moves them back.
