@@ -51,10 +51,13 @@ def has_nvcc() -> bool:
 def committed_llvm_records() -> dict:
     """packed key -> record of the committed CPU records (schedules/llvm-<cpu>.json), whichever
     CPU tuned them: a record's trace applies to its PrimFunc on any llvm host, but
-    tune.load_records("llvm") reads only this host's file (none on another CPU)."""
+    tune.load_records("llvm") reads only this host's file (none on another CPU). Every such file,
+    merged: `tvmnorm tune --target llvm` in a checkout adds this CPU's beside the committed one."""
     from tvmnorm.tune import read_records
-    (path,) = (pathlib.Path(__file__).resolve().parent.parent / "schedules").glob("llvm-*.json")
-    return read_records(path)
+    records = {}
+    for path in sorted((pathlib.Path(__file__).resolve().parent.parent / "schedules").glob("llvm-*.json")):
+        records.update(read_records(path))
+    return records
 
 
 def stats_rtol(ctype: str, hidden: int) -> float:

@@ -606,7 +606,14 @@ def test_fp8_output(norm, fp8_dtype, strided, gen):
         y8, amax = tn.rms_norm_fp8(x, w, scale, 1e-6, fp8_dtype=fp8_dtype)
     else:
         y8, amax = tn.layer_norm_fp8(x, w, b, scale, 1e-5, fp8_dtype=fp8_dtype)
-    q, amax_ref = fp8_reference(norm, x, w, b, 3.0, fp8_dtype, 1e-6 if norm == "rmsnorm" else 1e-5)
+    check_fp8(norm, x, w, b, y8, amax, fp8_dtype, 1e-6 if norm == "rmsnorm" else 1e-5)
+    check_saturates(tn.rms_norm_fp8(x, w, 1e6, fp8_dtype=fp8_dtype)[0] if norm == "rmsnorm"
+                    else tn.layer_norm_fp8(x, w, b, 1e6, fp8_dtype=fp8_dtype)[0], fp8_dtype)
+
+
+def check_fp8(norm, x, w, b, y8, amax, fp8_dtype, eps):
+    """y8 and amax of x's norm (scale 3) against float64."""
+    q, amax_ref = fp8_reference(norm, x, w, b, 3.0, fp8_dtype, eps)
     assert y8.dtype == fp8_dtype and y8.shape == x.shape
     assert amax.dtype == torch.float32 and amax.shape == (1,)
     assert_close("amax", amax, amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
@@ -614,9 +621,10 @@ def test_fp8_output(norm, fp8_dtype, strided, gen):
     step = 2.0 ** -(3 if fp8_dtype == torch.float8_e4m3fn else 2)
     assert_close("y_fp8", y8.double(), q.double(), torch.float32, rtol=step, atol=0.02)
     assert (y8.double() == q.double()).float().mean() > 0.95
-    # saturation: a large scale clamps at the format's max instead of overflowing to inf/nan
-    big = (tn.rms_norm_fp8(x, w, 1e6, fp8_dtype=fp8_dtype)[0] if norm == "rmsnorm"
-           else tn.layer_norm_fp8(x, w, b, 1e6, fp8_dtype=fp8_dtype)[0])
+
+
+def check_saturates(big, fp8_dtype):
+    """A large scale clamps at the format's max instead of overflowing to inf/nan."""
     assert big.double().abs().max() == torch.finfo(fp8_dtype).max
     assert big.double().isfinite().all()
 
@@ -638,15 +646,8 @@ def test_add_norm_fp8_output(norm, fp8_dtype, layout, gen):
         (lambda s: tn.layer_norm_add_fp8(x, r, w, b, s, eps, fp8_dtype=fp8_dtype))
     y8, h, amax = add_fp8(torch.tensor([3.0]))
     assert torch.equal(h, x + r) and h.is_contiguous() and h.dtype == x.dtype
-    q, amax_ref = fp8_reference(norm, h, w, b, 3.0, fp8_dtype, eps)
-    assert y8.dtype == fp8_dtype and y8.shape == x.shape
-    assert amax.dtype == torch.float32 and amax.shape == (1,)
-    assert_close("amax", amax, amax_ref.reshape(1), torch.float32, rtol=1e-5, atol=0)
-    step = 2.0 ** -(3 if fp8_dtype == torch.float8_e4m3fn else 2)
-    assert_close("y_fp8", y8.double(), q.double(), torch.float32, rtol=step, atol=0.02)
-    assert (y8.double() == q.double()).float().mean() > 0.95
-    big = add_fp8(1e6)[0].double()
-    assert big.abs().max() == torch.finfo(fp8_dtype).max and big.isfinite().all()
+    check_fp8(norm, h, w, b, y8, amax, fp8_dtype, eps)
+    check_saturates(add_fp8(1e6)[0], fp8_dtype)
 
 
 def test_add_norm_fp8_is_one_kernel_and_checks_its_input(monkeypatch, gen):
