@@ -417,7 +417,7 @@ def test_strided_rows_match_float64(norm, dtype, hidden, width, offset, lead, ge
     itself, and y, dx, dweight (and dbias) are right against float64."""
     big = rand(gen, (*lead, width), dtype, offset=2.0)
     x = big[..., offset:offset + hidden].requires_grad_()
-    assert not x.is_contiguous() and _host.row_groups(x, hidden) == [(x.numel() // hidden, width)]
+    assert not x.is_contiguous() and _host.row_groups(x, hidden) == ((x.numel() // hidden, width),)
     w, b = rand(gen, (hidden,), dtype, requires_grad=True), rand(gen, (hidden,), dtype, requires_grad=True)
     check_fwd_bwd(norm, x, w, b if norm == "layernorm" else None, 1e-5, gen)
     assert_layout_kernels("strided", hidden, dtype)
@@ -782,6 +782,23 @@ def test_compile_functional_dynamic(gen):
         torch.testing.assert_close(amax, F.rms_norm(x, (128,), w, 1e-6).abs().max().reshape(1))
         torch.testing.assert_close(h, x * 1.5)
         torch.testing.assert_close(y_add, F.rms_norm(x * 1.5, (128,), w, 1e-6))
+
+
+def test_compile_dynamic_strided_and_per_head_rows(gen):
+    """x's rows at one stride and per head of a fused qkv, under dynamic shapes: the fake
+    implementation's layout check (row_groups) takes symbolic sizes, which do not hash."""
+    w = torch.randn(128, generator=gen)
+
+    def f(qkv):
+        return tn.rms_norm(qkv[:, 128:256], w), tn.rms_norm(qkv[:, :512].view(qkv.shape[0], 4, 128), w)
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        qkv = rand(gen, (rows, 768))
+        strided, heads = cf(qkv)
+        torch.testing.assert_close(strided, F.rms_norm(qkv[:, 128:256], (128,), w, 1e-6))
+        torch.testing.assert_close(heads, F.rms_norm(qkv[:, :512].view(rows, 4, 128), (128,), w, 1e-6))
 
 
 def test_compile_inductor(gen):

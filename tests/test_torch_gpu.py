@@ -192,7 +192,7 @@ def test_strided_rows_misaligned_cuda(gen):
     # per-head rows (4 of 5 heads a token): the head stride (1003) breaks it, the token stride
     # (5015) too; 4 of 4 heads would be rows 1003 apart, one stride (above)
     heads = rand(gen, (3, 5, 1003), torch.bfloat16, device=DEV)[:, :4, :1000]
-    assert _host.row_groups(heads, 1000) == [(3, 5015), (4, 1003)]
+    assert _host.row_groups(heads, 1000) == ((3, 5015), (4, 1003))
     with pytest.raises(ValueError, match=r"rows lie 5015, 1003 elements apart"):
         tn.rms_norm(heads, w)
 

@@ -28,6 +28,8 @@ What crosses into TVM, and why it is zero-copy:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..key import MAX_HIDDEN, NormKey
@@ -126,24 +128,34 @@ def check_x(op: str, x, weights) -> int:
     return hidden
 
 
-def row_groups(x, hidden: int) -> list | None:
-    """x's rows as [(count, stride), ...], outermost first: the dimensions before the last,
+def row_groups(x, hidden: int) -> tuple | None:
+    """x's rows as ((count, stride), ...), outermost first: the dimensions before the last,
     merged where one steps over the next exactly (as Tensor.view merges them) and those of one
-    element dropped; None where x's columns are not adjacent. [] or one group: x is viewable as
+    element dropped; None where x's columns are not adjacent. () or one group: x is viewable as
     [rows, hidden] (Tensor.view), its rows one stride apart; two: tokens x heads, such as per-head
     q of a fused qkv (qkv[..., :q_size].view(tokens, heads, head_dim)). Reads shapes and strides
-    only."""
-    if hidden > 1 and x.stride(-1) != 1:
+    only. Cached by shape and strides: a non-compact x's call asks three times (check_x,
+    check_x_aligned, x_operand), and a decode loop passes views of one shape every step."""
+    shape, strides = tuple(x.shape), x.stride()
+    try:
+        return _row_groups(shape, strides, hidden)
+    except TypeError:  # symbolic sizes (torch.compile's dynamic shapes) do not hash
+        return _row_groups.__wrapped__(shape, strides, hidden)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_groups(shape: tuple, strides: tuple, hidden: int) -> tuple | None:
+    if hidden > 1 and strides[-1] != 1:
         return None
     groups = []
-    for n, s in zip(x.shape[:-1], x.stride()[:-1]):
+    for n, s in zip(shape[:-1], strides[:-1]):
         if n == 1:
             continue
         if groups and groups[-1][1] == n * s:
             groups[-1] = (groups[-1][0] * n, s)
         else:
             groups.append((n, s))
-    return groups
+    return tuple(groups)
 
 
 def x_operand(x, hidden: int) -> tuple:
