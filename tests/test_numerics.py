@@ -282,3 +282,48 @@ def test_backward_kernels_per_target(kind):
     assert list(funcs) == ["dx", "combine", "finalize"]
     dx_outputs = [p.name for p in funcs["dx"].params][-2:]
     assert dx_outputs == ["dx", "part"]
+
+
+def fp8_cast_probes(otype: str, rng) -> np.ndarray:
+    """fp32 values around every fp8 rounding decision: each fp8 value, each midpoint between
+    neighbours (ties: round to even) and its fp32 neighbours, the subnormal-normal boundary,
+    values past the format's max (saturate), zeros, and random values over the whole range."""
+    import ml_dtypes
+    fdt = {"fp8e4m3": ml_dtypes.float8_e4m3fn, "fp8e5m2": ml_dtypes.float8_e5m2}[otype]
+    grid = np.arange(256, dtype=np.uint8).view(fdt).astype(np.float64)
+    grid = np.unique(grid[np.isfinite(grid)])
+    mids = (grid[1:] + grid[:-1]) / 2
+    near = np.concatenate([mids, np.nextafter(mids.astype(np.float32), np.float32(np.inf)),
+                           np.nextafter(mids.astype(np.float32), np.float32(-np.inf))])
+    top = float(grid[-1])
+    wide = np.exp(rng.uniform(np.log(2.0 ** -24), np.log(4 * top), 20000)) * rng.choice((-1, 1), 20000)
+    values = np.concatenate([grid, near, wide, [0.0, -0.0, top * 1.03, -top * 1.5, 1e30, -1e30]])
+    return values.astype(np.float32)
+
+
+@pytest.mark.parametrize("otype", ("fp8e4m3", "fp8e5m2"))
+def test_fp8_cast_is_exact(kernels, otype, rng, seed):
+    """llvm encodes fp8 in software (its cast is wrong below the smallest normal and does not
+    saturate): y = gamma exactly (x ones, eps 0, scale 1: rsigma is 1), so the bytes of y are
+    the cast of gamma alone, against ml_dtypes' round-to-nearest-even of the clamped value, bit
+    for bit, at every rounding decision of the format."""
+    import ml_dtypes
+    fdt = {"fp8e4m3": ml_dtypes.float8_e4m3fn, "fp8e5m2": ml_dtypes.float8_e5m2}[otype]
+    values = fp8_cast_probes(otype, rng)
+    hidden = 4096
+    values = np.concatenate([values, np.ones(-len(values) % hidden, np.float32)])
+    key = NormKey(norm="rmsnorm", stage="fwd", itype="fp32", wtype="fp32", otype=otype, hidden_size=hidden)
+    kernel = kernels(key)
+    top = float(np.finfo(fdt).max)
+    for part in values.reshape(-1, hidden):
+        inputs = {"x": torch.ones(2, hidden), "gamma": torch.from_numpy(part.copy()),
+                  "scale": torch.ones(1)}
+        y = call(kernel, inputs, 2, eps=0.0)["y"]
+        want = np.clip(part, -top, top).astype(fdt).view(np.uint8)
+        got = y.view(torch.uint8).numpy()
+        bad = np.flatnonzero(got[0] != want)
+        # -0.0 is encoded as +0 (the sign comes from v < 0)
+        bad = bad[part[bad] != 0]
+        assert bad.size == 0, (f"{otype} seed={seed}: {bad.size} values cast wrong, e.g. "
+                               f"{part[bad[:4]].tolist()} -> {got[0][bad[:4]].tolist()}, want {want[bad[:4]].tolist()}")
+        assert np.array_equal(got[0], got[1])
