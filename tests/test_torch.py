@@ -801,6 +801,38 @@ def test_compile_dynamic_strided_and_per_head_rows(gen):
         torch.testing.assert_close(heads, F.rms_norm(qkv[:, :512].view(rows, 4, 128), (128,), w, 1e-6))
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("offset", (1, 3, 8))
+def test_cpu_operands_at_odd_offsets(dtype, offset, gen):
+    """Compact CPU operands whose base is not 64-byte aligned (views at an odd element offset):
+    TVM's llvm kernels take every tensor as 64-byte aligned, and such an x crashed the process
+    (aligned vector moves). The host layer copies them; every op stays right against float64."""
+    def odd(shape):  # a compact view of fresh values, `offset` elements into its storage
+        n = math.prod(shape)
+        return rand(gen, (n + offset,), dtype, offset=0.5)[offset:].view(shape)
+    x, r, w, b = odd((64, 1024)), odd((64, 1024)), odd((1024,)), odd((1024,))
+    assert all(t.data_ptr() % 64 for t in (x, r, w, b))
+    for norm in ("rmsnorm", "layernorm"):
+        bias = b if norm == "layernorm" else None
+        check_fwd_bwd(norm, x.clone().requires_grad_(), w.clone().requires_grad_(),
+                      None if bias is None else bias.clone().requires_grad_(), 1e-5, gen)
+        xg = odd((64, 1024)).requires_grad_()
+        y = run(norm, xg, w, bias, 1e-5)
+        (gx,) = torch.autograd.grad(y, xg, odd((64, 1024)))
+        yr = reference(norm, xg, w, bias, 1e-5)[3]
+        assert_close("y", y, yr)
+        assert gx.isfinite().all()
+        y, h = run_add(norm, x, r, w, bias, 1e-5)
+        assert torch.equal(h, x + r)
+        assert_close("y_add", y, reference(norm, x + r, w, bias, 1e-5)[3])
+        y8, amax = tn.rms_norm_fp8(x, w, 3.0, 1e-5) if norm == "rmsnorm" else tn.layer_norm_fp8(x, w, bias, 3.0, 1e-5)
+        check_fp8(norm, x, w, bias, y8, amax, torch.float8_e4m3fn, 1e-5)
+        y8, h8, amax = (tn.rms_norm_add_fp8(x, r, w, 3.0, 1e-5) if norm == "rmsnorm"
+                        else tn.layer_norm_add_fp8(x, r, w, bias, 3.0, 1e-5))
+        assert torch.equal(h8, x + r)
+        check_fp8(norm, h8, w, bias, y8, amax, torch.float8_e4m3fn, 1e-5)
+
+
 def test_compile_inductor(gen):
     m, x = _block_and_input(gen)
     torch._dynamo.reset()

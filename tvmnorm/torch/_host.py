@@ -160,14 +160,26 @@ def _row_groups(shape: tuple, strides: tuple, hidden: int) -> tuple | None:
 
 def x_operand(x, hidden: int) -> tuple:
     """(the kernels' layout of x, x as that kernel takes it: a [rows, hidden] view, or for
-    "heads" a [tokens, heads, hidden] one at x's strides), for an x that check_x passed."""
+    "heads" a [tokens, heads, hidden] one at x's strides), for an x that check_x passed. A
+    compact CPU x whose base is not CPU_ALIGNMENT-aligned is copied (see CPU_ALIGNMENT)."""
     if x.is_contiguous():
+        if not x.is_cuda and x.data_ptr() % CPU_ALIGNMENT:
+            x = x.clone()
         return "compact", rows2d(x, hidden)
     groups = row_groups(x, hidden)
     if len(groups) < 2:
         return "strided", x.view(-1, hidden)
     (tokens, token_stride), (heads, head_stride) = groups
     return "heads", x.as_strided((tokens, heads, hidden), (token_stride, head_stride, 1))
+
+
+# TVM's llvm kernels take every tensor as 64-byte aligned (its packed API tells LLVM so), and
+# LLVM then moves vectors with aligned instructions wherever the offset from the base is a
+# multiple of the vector: a compact operand at an odd offset (torch.randn(n + 1)[1:].view(r, h))
+# crashed the process. Operands the host layer passes compact are copied where they are not
+# so aligned; x's strided and per-head kernels index rows by a symbolic stride, from which LLVM
+# proves no alignment, and take x as it lies.
+CPU_ALIGNMENT = 64
 
 
 def _alignment(hidden: int, elem_bytes: int) -> int:
@@ -183,7 +195,7 @@ def _alignment(hidden: int, elem_bytes: int) -> int:
 
 
 def aligned(t: torch.Tensor, hidden: int) -> bool:
-    return not t.is_cuda or t.data_ptr() % _alignment(hidden, t.element_size()) == 0
+    return t.data_ptr() % (_alignment(hidden, t.element_size()) if t.is_cuda else CPU_ALIGNMENT) == 0
 
 
 def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
