@@ -956,3 +956,29 @@ def test_x_layout_named(tmp_path, monkeypatch):
     from tvmnorm.runtime import Registry
     with pytest.raises(ValueError, match="layout must be one of"):
         Registry().get(NormKey(hidden_size=128), "llvm", "rows")
+
+
+def test_llvm_kernel_refuses_misaligned_arrays(rng):
+    """TVM's llvm kernels take every array as 64-byte aligned (LLVM's aligned vector moves
+    crashed on a view at an odd offset): the kernel refuses such an array by name, before any
+    compiled code runs; a strided x, whose kernel indexes rows by a symbolic stride, may lie
+    anywhere."""
+    import numpy as np
+    import torch
+    from tvmnorm.runtime import get_kernel
+    key = NormKey(norm="rmsnorm", stage="fwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=1024)
+    kernel = get_kernel(key, "llvm")
+    x = torch.from_numpy(rng.standard_normal(64 * 1024 + 1).astype(np.float32))[1:].view(64, 1024)
+    w, y, rs = torch.ones(1024), torch.empty(64, 1024), torch.empty(64)
+    with pytest.raises(ValueError, match=r"x's data pointer 0x[0-9a-f]+ is not 64-byte aligned"):
+        kernel(x, w, y, rs)
+    with pytest.raises(ValueError, match="gamma's data pointer"):
+        kernel(x.clone(), torch.ones(1025)[1:], y, rs)
+    with pytest.raises(ValueError, match="y's data pointer"):
+        kernel(x.clone(), w, torch.empty(64 * 1024 + 4)[4:].view(64, 1024), rs)
+    kernel(x.clone(), w, y, rs)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (1024,), w, 1e-6))
+    wide = torch.from_numpy(rng.standard_normal((64, 1024 + 3)).astype(np.float32))
+    strided = get_kernel(key, "llvm", "strided")
+    strided(wide[:, 3:], w, y, rs)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(wide[:, 3:], (1024,), w, 1e-6))

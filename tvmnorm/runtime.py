@@ -240,6 +240,20 @@ def fits_int32(rows: int, hidden: int) -> bool:
     return rows <= narrow_rows(hidden)
 
 
+# TVM's llvm packed functions take every tensor's data as this aligned (llvm.assume), and LLVM
+# uses aligned vector moves where an offset from it is a provable multiple of the vector: a
+# misaligned array crashed the process, so NormKernel refuses it (tvmnorm.torch copies instead).
+LLVM_ALIGNMENT = 64
+
+
+def _data_ptr(a) -> int:
+    """The data pointer of a torch tensor, a TVM tensor or a numpy array."""
+    ptr = getattr(a, "data_ptr", None)
+    if ptr is None:
+        return a.__array_interface__["data"][0]
+    return ptr() if callable(ptr) else int(ptr)
+
+
 class NormKernel:
     """One key's kernel: a callable over DLPack arrays, see the module docstring. ``funcs`` (part
     -> callable) have an int``row_bits`` row count; ``narrow`` (part -> callable, int32 rows)
@@ -271,6 +285,10 @@ class NormKernel:
         # hidden]) the compact y or dy, against which the kernels check x's tokens x heads
         self._rows_at = self.signature.index("x" if layout != "heads" else "y" if key.forward else "dy")
         self._plain_fwd = key.forward and not key.fp8_out
+        # llvm: the arrays whose base must be LLVM_ALIGNMENT-aligned (all but a strided or
+        # per-head x, which its kernels index by a symbolic stride)
+        self._aligned = [] if kind == "cuda" else [
+            (i, n) for i, n in enumerate(self.signature) if layout == "compact" or n != "x"]
         self._default_eps = 1e-5 if key.norm == "layernorm" else 1e-6
         self._small_rows = small_call_rows(key) if key.forward and "fwd" in self._small else -1
         self._narrow_rows = narrow_rows(key.hidden_size)
@@ -332,6 +350,12 @@ class NormKernel:
         if len(arrays) != self._nargs:
             raise TypeError(f"{self.key.norm} {self.key.stage} kernel takes {len(self.signature)} arrays "
                             f"({', '.join(self.signature)}), got {len(arrays)}")
+        for i, name in self._aligned:
+            if _data_ptr(arrays[i]) % LLVM_ALIGNMENT:
+                raise ValueError(f"{self.key.name}: {name}'s data pointer {_data_ptr(arrays[i]):#x} is not "
+                                 f"{LLVM_ALIGNMENT}-byte aligned, which TVM's llvm kernels assume (LLVM moves "
+                                 f"vectors with aligned instructions, which would crash on it); it comes from a "
+                                 f"view at an odd offset: pass a copy (t.clone())")
         rows = int(arrays[self._rows_at].shape[0])
         if self._plain_fwd:
             if rows or self.kind != "cuda":  # CUDA rejects an empty grid

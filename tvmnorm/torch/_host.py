@@ -33,7 +33,7 @@ import functools
 import torch
 
 from ..key import MAX_HIDDEN, NormKey
-from ..runtime import get_kernel
+from ..runtime import LLVM_ALIGNMENT, get_kernel
 
 # torch dtype -> NormKey dtype name, per role.
 _FLOAT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
@@ -173,13 +173,11 @@ def x_operand(x, hidden: int) -> tuple:
     return "heads", x.as_strided((tokens, heads, hidden), (token_stride, head_stride, 1))
 
 
-# TVM's llvm kernels take every tensor as 64-byte aligned (its packed API tells LLVM so), and
-# LLVM then moves vectors with aligned instructions wherever the offset from the base is a
-# multiple of the vector: a compact operand at an odd offset (torch.randn(n + 1)[1:].view(r, h))
-# crashed the process. Operands the host layer passes compact are copied where they are not
-# so aligned; x's strided and per-head kernels index rows by a symbolic stride, from which LLVM
-# proves no alignment, and take x as it lies.
-CPU_ALIGNMENT = 64
+# The alignment NormKernel requires of an llvm kernel's arrays (runtime.LLVM_ALIGNMENT: a
+# compact operand at an odd offset, torch.randn(n + 1)[1:].view(r, h), crashed the process):
+# operands the host layer passes compact are copied where they are not so aligned; x's strided
+# and per-head kernels take x as it lies.
+CPU_ALIGNMENT = LLVM_ALIGNMENT
 
 
 def _alignment(hidden: int, elem_bytes: int) -> int:
