@@ -1073,6 +1073,33 @@ def _hoist_sum_inits(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, hoist)]))
 
 
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _fp8_byte_store(store):
+    """A store into an fp8 buffer of reinterpret(fp8, byte) as a store of the byte into a uint8
+    view of the same memory (declared just before it); other stores as they are."""
+    value, dtype = store.value, str(store.buffer.dtype)
+    if dtype not in _FP8_DTYPES or not isinstance(value, tvm.ir.expr.Call) or value.op.name != "tirx.reinterpret":
+        return store
+    (byte,) = value.args
+    if not str(byte.ty).startswith("uint8") or getattr(store, "predicate", None) is not None:
+        return store
+    buf = store.buffer
+    view = tirx.decl_buffer(buf.shape, "uint8", buf.name + "_bytes", data=buf.data, strides=buf.strides,
+                            elem_offset=buf.elem_offset, scope=buf.scope(), data_alignment=1,
+                            offset_factor=buf.offset_factor)
+    return tirx.SeqStmt([tirx.DeclBuffer(view, data=buf.data), tirx.BufferStore(view, byte, store.indices)])
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.Fp8ByteStores")
+def _fp8_byte_stores(func, _mod, _ctx):
+    """The llvm fp8 forward's y stores as byte stores (compute.norms._quantize computes the byte):
+    stored as an fp8 value, FP8ComputeLegalize (which runs after this) would decode the byte to
+    fp32 and encode it again. CUDA's fp8 stores are casts, which this leaves alone."""
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.BufferStore, _fp8_byte_store)]))
+
+
 def _install_unroll_by():
     """Run _stream_loads, _guard_reduction_stores, _amax_fold, _stats_first, _full_chunks and
     _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks the pass
@@ -1088,7 +1115,7 @@ def _install_unroll_by():
         # copy its own
         # the guards first: a whole block's copy (_full_chunks) drops them with the others
         return tvm.transform.Sequential([_stream_loads, _strided_rows, _guard_reduction_stores, _amax_fold, _stats_first,
-                                         _hoist_sum_inits, _full_chunks, _unroll_annotated,
+                                         _hoist_sum_inits, _full_chunks, _unroll_annotated, _fp8_byte_stores,
                                          tirx.transform.ConvertSSA(),
                                          original()], name="tvmnorm.UnrollLoop")
     unroll_loop.tvmnorm_wrapped = True
