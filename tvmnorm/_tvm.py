@@ -11,6 +11,7 @@ import functools
 import os
 import re
 
+from .key import FP8, TVM_DTYPE  # noqa: E402 - no TVM import there
 from .targets import usable_cores  # noqa: E402 - no TVM import there
 
 # TVM's CPU thread pool assumes two hardware threads per core on x86 and uses half of the
@@ -1073,7 +1074,7 @@ def _hoist_sum_inits(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, hoist)]))
 
 
-_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+_FP8_DTYPES = tuple(TVM_DTYPE[t] for t in FP8)
 
 
 def _fp8_byte_store(store):
@@ -1101,11 +1102,12 @@ def _fp8_byte_stores(func, _mod, _ctx):
 
 
 def _install_unroll_by():
-    """Run _stream_loads, _guard_reduction_stores, _amax_fold, _stats_first, _full_chunks and
-    _unroll_annotated first wherever the default TIR pipeline runs UnrollLoop (it looks the pass
-    up on tirx.transform at each build). _stream_loads, _full_chunks and _unroll_annotated change
-    only loops that carry STREAM_LOADS, FULL_CHUNK or UNROLL_BY; _amax_fold and _stats_first
-    only functions that carry AMAX_FOLD or STATS_FIRST."""
+    """Run _stream_loads, _strided_rows, _guard_reduction_stores, _amax_fold, _stats_first,
+    _hoist_sum_inits, _full_chunks, _unroll_annotated and _fp8_byte_stores first wherever the
+    default TIR pipeline runs UnrollLoop (it looks the pass up on tirx.transform at each build).
+    _stream_loads, _full_chunks and _unroll_annotated change only loops that carry STREAM_LOADS,
+    FULL_CHUNK or UNROLL_BY; _amax_fold and _stats_first only functions that carry AMAX_FOLD or
+    STATS_FIRST; _fp8_byte_stores only stores of a byte reinterpreted as fp8 (llvm's)."""
     original = tirx.transform.UnrollLoop
     if getattr(original, "tvmnorm_wrapped", False):
         return

@@ -162,7 +162,7 @@ def _quantize(v, otype: str, kind: str, dt: str):
     reference.fp8_quantize's clip does). CUDA's cast does both by itself (cvt.rn.satfinite,
     round-to-nearest-even, subnormals included, sm_89+): a clamp written out cost two
     instructions an element there, and fminf/fmaxf turned NaN into +-MAX. On llvm the byte is
-    computed (_fp8_byte) and y's store writes it as a byte (_tvm.FP8_BYTE_STORES): stored as an
+    computed (_fp8_byte) and y's store writes it as a byte (_tvm._fp8_byte_stores): stored as an
     fp8 value, TVM's FP8ComputeLegalize decoded it to fp32 and encoded it again, ~60 vector
     instructions for 16 values, and the fp8 forward took twice the time of bf16 output."""
     if kind == "cuda":

@@ -161,9 +161,9 @@ def _row_groups(shape: tuple, strides: tuple, hidden: int) -> tuple | None:
 def x_operand(x, hidden: int) -> tuple:
     """(the kernels' layout of x, x as that kernel takes it: a [rows, hidden] view, or for
     "heads" a [tokens, heads, hidden] one at x's strides), for an x that check_x passed. A
-    compact CPU x whose base is not CPU_ALIGNMENT-aligned is copied (see CPU_ALIGNMENT)."""
+    compact CPU x whose base is not LLVM_ALIGNMENT-aligned is copied (see aligned)."""
     if x.is_contiguous():
-        if not x.is_cuda and x.data_ptr() % CPU_ALIGNMENT:
+        if not x.is_cuda and not aligned(x, hidden):  # a CUDA x passed check_x_aligned
             x = x.clone()
         return "compact", rows2d(x, hidden)
     groups = row_groups(x, hidden)
@@ -171,13 +171,6 @@ def x_operand(x, hidden: int) -> tuple:
         return "strided", x.view(-1, hidden)
     (tokens, token_stride), (heads, head_stride) = groups
     return "heads", x.as_strided((tokens, heads, hidden), (token_stride, head_stride, 1))
-
-
-# The alignment NormKernel requires of an llvm kernel's arrays (runtime.LLVM_ALIGNMENT: a
-# compact operand at an odd offset, torch.randn(n + 1)[1:].view(r, h), crashed the process):
-# operands the host layer passes compact are copied where they are not so aligned; x's strided
-# and per-head kernels take x as it lies.
-CPU_ALIGNMENT = LLVM_ALIGNMENT
 
 
 def _alignment(hidden: int, elem_bytes: int) -> int:
@@ -193,7 +186,12 @@ def _alignment(hidden: int, elem_bytes: int) -> int:
 
 
 def aligned(t: torch.Tensor, hidden: int) -> bool:
-    return t.data_ptr() % (_alignment(hidden, t.element_size()) if t.is_cuda else CPU_ALIGNMENT) == 0
+    """Whether the kernels take ``t`` as it lies: on CUDA _alignment's bound, on the CPU the
+    runtime's LLVM_ALIGNMENT, which an llvm NormKernel requires of its arrays (a compact operand at
+    an odd offset, torch.randn(n + 1)[1:].view(r, h), crashed the process). Operands the host
+    layer passes compact are copied where it is False; x's strided and per-head kernels take x
+    as it lies."""
+    return t.data_ptr() % (_alignment(hidden, t.element_size()) if t.is_cuda else LLVM_ALIGNMENT) == 0
 
 
 def check_x_aligned(op: str, x: torch.Tensor, hidden: int) -> None:
