@@ -140,7 +140,8 @@ def _fp8_byte(v, otype: str, dt: str):
     fp32's bits rounded at the fp8 mantissa's last bit (half an fp8 ulp less one, plus that bit:
     ties to even; a carry runs into the exponent), shifted, the exponent rebiased. Subnormals:
     nearbyint(|v| / step), whose count of 2^mantissa is the smallest normal's byte, so the
-    encoding stays exact up to the boundary. -0.0 is written as +0."""
+    encoding stays exact up to the boundary. The sign is v's sign bit, so -0.0 stays -0.0 (0x80),
+    as CUDA's cast and ml_dtypes write it."""
     mant, bias = FP8_BITS[otype]
     shift = 23 - mant
     av = te.abs(v)
@@ -150,7 +151,8 @@ def _fp8_byte(v, otype: str, dt: str):
     normal = ((rounded >> u32(shift)) - u32((127 - bias) << mant)).astype("uint8")
     sub = tirx.nearbyint(av * tirx.const(1.0 / FP8_SUBNORMAL_STEP[otype], dt)).astype("uint8")
     magnitude = tirx.Select(av < tirx.const(FP8_MIN_NORMAL[otype], dt), sub, normal)
-    return magnitude | tirx.Select(v < tirx.const(0.0, dt), tirx.const(128, "uint8"), tirx.const(0, "uint8"))
+    sign = ((tirx.reinterpret("uint32", v) >> u32(24)) & u32(0x80)).astype("uint8")
+    return magnitude | sign
 
 
 # The byte of an fp8 NaN (e4m3fn's only NaN; one of e5m2's).
