@@ -1348,8 +1348,7 @@ def test_the_cost_model_ranks_held_out_h200_candidates(h200_bwd_candidates, monk
     import random
     import numpy as np
     from tvmnorm import tune
-    from tvmnorm._tvm import ms, target, without_tensor_intrinsics
-    from tvmnorm.targets import target_spec
+    from tvmnorm._tvm import cuda_tune_context, ms
     if eta is not None:
         monkeypatch.setattr(tune, "COST_MODEL_ETA", eta)
     assert len(h200_bwd_candidates) == 8 and all(len(t) >= 40 for _, t in h200_bwd_candidates)
@@ -1357,8 +1356,7 @@ def test_the_cost_model_ranks_held_out_h200_candidates(h200_bwd_candidates, monk
     rng, held_out = random.Random(0), []
     for mod, measured in h200_bwd_candidates:
         # one context a task, as in the search: the model scales each task's times by its best
-        with without_tensor_intrinsics():  # as the search makes them (80 s of parsing otherwise)
-            ctx = ms.TuneContext(mod=mod, target=target(target_spec("cuda")), num_threads=1)
+        ctx = cuda_tune_context(mod)
         t = rng.sample(measured, len(measured))
         train, test = t[: len(t) // 2], t[len(t) // 2:]
         model.update(ctx, [c for c, _ in train], [ms.runner.RunnerResult([s], None) for _, s in train])
@@ -1381,12 +1379,10 @@ def test_the_cost_model_ranks_after_one_round(h200_bwd_candidates):
     of a session: a one-key retune never used the model)."""
     import numpy as np
     from tvmnorm import tune
-    from tvmnorm._tvm import ms, target, without_tensor_intrinsics
-    from tvmnorm.targets import target_spec
+    from tvmnorm._tvm import cuda_tune_context, ms
     model = tune._cost_model("llvm")
     mod, measured = h200_bwd_candidates[0]
-    with without_tensor_intrinsics():
-        ctx = ms.TuneContext(mod=mod, target=target(target_spec("cuda")), num_threads=1)
+    ctx = cuda_tune_context(mod)
     train, test = measured[:tune.COST_MODEL_WARMUP], measured[tune.COST_MODEL_WARMUP:]
     model.update(ctx, [c for c, _ in train], [ms.runner.RunnerResult([s], None) for _, s in train])
     first = np.array(model.predict(ctx, [c for c, _ in test]))

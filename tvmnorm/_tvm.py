@@ -92,6 +92,16 @@ def without_tensor_intrinsics():
             del sys.modules[_TENSOR_INTRIN]
 
 
+def cuda_tune_context(mod) -> "ms.TuneContext":
+    """A TuneContext of ``mod`` (an IRModule) on the CUDA target, one thread, made within
+    without_tensor_intrinsics(): outside it, the context's import of the tensor intrinsics took
+    80 s on a 2-core machine (TVMScript's prim_func calls inspect.stack() ~500 times, and
+    inspect.getmodule scans every loaded module for each frozen importlib frame on the stack)."""
+    from .targets import target_spec
+    with without_tensor_intrinsics():
+        return ms.TuneContext(mod=mod, target=target(target_spec("cuda")), num_threads=1)
+
+
 # StorageRewrite merges a per-row scalar stage's local buffer into the reduction result it
 # reads, and after LowerThreadAllreduce that result is a *shared* buffer: every thread then does
 # `red_result = rsqrt(red_result)` in place, racing with the threads still reading it (seen on

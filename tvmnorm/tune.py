@@ -143,13 +143,11 @@ def refused_fused_points(key: NormKey, chunk_rows: int = 32, every_lane: bool = 
     the launch nor the shared memory. What _postprocs leaving the check out for the backward
     rests on."""
     import itertools
-    from ._tvm import IRModule, Schedule, ms, target, without_tensor_intrinsics
+    from ._tvm import IRModule, Schedule, cuda_tune_context, ms
     from .sched.rows import CudaRowConfig, schedule_rows_cuda
     from .sched.space import FULL_CHUNKS, fused_cuda_variants, fused_lanes
-    from .targets import target_spec
     func = tuning_func(key, "dx", tune_rows(key, "cuda"), "cuda", chunk_rows)
-    with without_tensor_intrinsics():  # TuneContext would parse the tensor intrinsics it never uses here
-        ctx = ms.TuneContext(mod=IRModule({"main": func}), target=target(target_spec("cuda")), num_threads=1)
+    ctx = cuda_tune_context(IRModule({"main": func}))
     verify = ms.postproc.VerifyGPUCode()
     verify._initialize_with_tune_context(ctx)
     checked, refused = 0, []
