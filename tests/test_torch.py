@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import tvmnorm
 import tvmnorm.torch as tn
+from tvmnorm import NormKey
 from tvmnorm.torch import _host
 
 pytestmark = pytest.mark.filterwarnings("ignore::tvmnorm.runtime.FallbackWarning")
@@ -546,6 +547,39 @@ def test_bad_input_messages():
         tn.rms_norm_fp8(x, w, 1.0, fp8_dtype=torch.float16)
     with pytest.raises(ValueError, match="scale must hold one value"):
         tn.rms_norm_fp8(x, w, torch.ones(2))
+
+
+def test_eps_that_would_make_y_nan_is_refused(gen):
+    """A negative eps made the rows whose mean square is below -eps NaN and a NaN eps every row
+    (as torch does, silently); both raise, in each op, the module and the kernel itself. eps 0
+    and a one-value tensor are numbers like any other."""
+    from tvmnorm.runtime import get_kernel
+    x, w, b = rand(gen, (4, 128)), torch.randn(128, generator=gen), torch.randn(128, generator=gen)
+    x[1] *= 1e-4  # its mean square is below 1e-6: a NaN row with eps = -1e-6
+    r = torch.randn(4, 128, generator=gen)
+    calls = {"rms_norm": lambda eps: tn.rms_norm(x, w, eps),
+             "layer_norm": lambda eps: tn.layer_norm(x, w, b, eps),
+             "rms_norm_add": lambda eps: tn.rms_norm_add(x, r, w, eps),
+             "layer_norm_add": lambda eps: tn.layer_norm_add(x, r, w, b, eps),
+             "rms_norm_fp8": lambda eps: tn.rms_norm_fp8(x, w, 1.0, eps),
+             "layer_norm_fp8": lambda eps: tn.layer_norm_fp8(x, w, b, 1.0, eps),
+             "rms_norm_add_fp8": lambda eps: tn.rms_norm_add_fp8(x, r, w, 1.0, eps),
+             "layer_norm_add_fp8": lambda eps: tn.layer_norm_add_fp8(x, r, w, b, 1.0, eps),
+             "RMSNorm": lambda eps: tn.RMSNorm(128, eps=eps)(x),
+             "LayerNorm": lambda eps: tn.LayerNorm(128, eps=eps)(x)}
+    for op, call in calls.items():
+        name = {"RMSNorm": "rms_norm", "LayerNorm": "layer_norm"}.get(op, op)
+        for eps in (-1e-6, float("nan")):
+            with pytest.raises(ValueError, match=rf"^{name}: eps must be a non-negative number, got {eps}$"):
+                call(eps)
+        with pytest.raises(TypeError, match=rf"^{name}: eps must be a number, got 'a'$"):
+            call("a")
+    torch.testing.assert_close(tn.rms_norm(x, w, 0.0), F.rms_norm(x, (128,), w, 0.0))
+    torch.testing.assert_close(tn.layer_norm(x, w, b, torch.tensor([1e-3])), F.layer_norm(x, (128,), w, b, 1e-3))
+    kernel = get_kernel(NormKey(hidden_size=128, itype="fp32", wtype="fp32", otype="fp32"), "llvm")
+    y, rs = torch.empty_like(x), torch.empty(4)
+    with pytest.raises(ValueError, match=r"eps must be a non-negative number, got -1e-06"):
+        kernel(x, w, y, rs, eps=-1e-6)
 
 
 @pytest.mark.parametrize("shape", [(0, 128), (2, 0, 128)])

@@ -243,6 +243,19 @@ def fits_int32(rows: int, hidden: int) -> bool:
 # TVM's llvm packed functions take every tensor's data as this aligned (llvm.assume), and LLVM
 # uses aligned vector moves where an offset from it is a provable multiple of the vector: a
 # misaligned array crashed the process, so NormKernel refuses it (tvmnorm.torch copies instead).
+def checked_eps(eps, who: str) -> float:
+    """``eps`` as the kernels take it, refused where it would make y NaN rather than compute a
+    norm: a negative eps makes every row whose mean square (variance) is below -eps NaN, a NaN
+    eps every row (torch computes both without a word)."""
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"{who}: eps must be a number, got {eps!r}") from None
+    if not value >= 0:
+        raise ValueError(f"{who}: eps must be a non-negative number, got {value}")
+    return value
+
+
 LLVM_ALIGNMENT = 64
 
 
@@ -359,10 +372,10 @@ class NormKernel:
         rows = int(arrays[self._rows_at].shape[0])
         if self._plain_fwd:
             if rows or self.kind != "cuda":  # CUDA rejects an empty grid
-                self.forward_for(rows)(*arrays, float(self._default_eps if eps is None else eps))
+                self.forward_for(rows)(*arrays, checked_eps(self._default_eps if eps is None else eps, self.key.name))
             return None
         if self.key.forward:
-            return self._fp8_fwd(arrays, rows, float(self._default_eps if eps is None else eps))
+            return self._fp8_fwd(arrays, rows, checked_eps(self._default_eps if eps is None else eps, self.key.name))
         return self._bwd(arrays, rows)
 
     def _fp8_fwd(self, arrays, rows, eps):

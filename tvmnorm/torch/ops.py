@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..runtime import checked_eps
 from . import _host
 
 Tensor = torch.Tensor
@@ -38,13 +39,13 @@ Tensor = torch.Tensor
 
 def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
     hidden = _host.check_input(op, x, [("weight", w)], out_dtype)
-    return _host.rms_fwd(x, _host.compact_weight(w, hidden), float(eps), zc, out_dtype)
+    return _host.rms_fwd(x, _host.compact_weight(w, hidden), checked_eps(eps, op), zc, out_dtype)
 
 
 def _ln_fwd_impl(x, w, b, eps, zc, out_dtype, op="layer_norm"):
     hidden = _host.check_input(op, x, [("weight", w), ("bias", b)], out_dtype)
-    return _host.ln_fwd(x, _host.compact_weight(w, hidden), _host.compact_weight(b, hidden), float(eps), zc,
-                        out_dtype)
+    return _host.ln_fwd(x, _host.compact_weight(w, hidden), _host.compact_weight(b, hidden), checked_eps(eps, op),
+                        zc, out_dtype)
 
 
 def _rms_bwd_impl(dy, x, rs, w, zc, dz=None):
@@ -77,15 +78,15 @@ def _rms_add_fwd_impl(x, residual, w, eps, zc, out_dtype):
     """(y, h, rsigma) of one fwd_add kernel: the add is not a pass of its own."""
     _check_residual("rms_norm_add", x, residual)
     hidden = _host.check_input("rms_norm_add", x, [("weight", w)], out_dtype)
-    return _host.rms_fwd_add(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden), float(eps),
-                             zc, out_dtype)
+    return _host.rms_fwd_add(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden),
+                             checked_eps(eps, "rms_norm_add"), zc, out_dtype)
 
 
 def _ln_add_fwd_impl(x, residual, w, b, eps, zc, out_dtype):
     _check_residual("layer_norm_add", x, residual)
     hidden = _host.check_input("layer_norm_add", x, [("weight", w), ("bias", b)], out_dtype)
     return _host.ln_fwd_add(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden),
-                            _host.compact_weight(b, hidden), float(eps), zc, out_dtype)
+                            _host.compact_weight(b, hidden), checked_eps(eps, "layer_norm_add"), zc, out_dtype)
 
 
 def _add_grads(dy, dh, h, w, bwd, weights: int):
@@ -109,14 +110,14 @@ def _ln_add_bwd_impl(dy, dh, h, mu, rs, w, zc):
 def _rms_fp8_impl(x, w, scale, eps, zc, fp8_dtype, op="rms_norm_fp8"):
     hidden = _host.check_input(op, x, [("weight", w)], fp8_dtype, fp8=True)
     _check_scale(op, scale, x)
-    return _host.rms_fwd_fp8(x, _host.compact_weight(w, hidden), scale, float(eps), zc, fp8_dtype)
+    return _host.rms_fwd_fp8(x, _host.compact_weight(w, hidden), scale, checked_eps(eps, op), zc, fp8_dtype)
 
 
 def _ln_fp8_impl(x, w, b, scale, eps, zc, fp8_dtype, op="layer_norm_fp8"):
     hidden = _host.check_input(op, x, [("weight", w), ("bias", b)], fp8_dtype, fp8=True)
     _check_scale(op, scale, x)
     return _host.ln_fwd_fp8(x, _host.compact_weight(w, hidden), _host.compact_weight(b, hidden), scale,
-                            float(eps), zc, fp8_dtype)
+                            checked_eps(eps, op), zc, fp8_dtype)
 
 
 def _rms_add_fp8_impl(x, residual, w, scale, eps, zc, fp8_dtype):
@@ -125,7 +126,7 @@ def _rms_add_fp8_impl(x, residual, w, scale, eps, zc, fp8_dtype):
     hidden = _host.check_input(op, x, [("weight", w)], fp8_dtype, fp8=True)
     _check_scale(op, scale, x)
     return _host.rms_fwd_add_fp8(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden), scale,
-                                 float(eps), zc, fp8_dtype)
+                                 checked_eps(eps, op), zc, fp8_dtype)
 
 
 def _ln_add_fp8_impl(x, residual, w, b, scale, eps, zc, fp8_dtype):
@@ -134,7 +135,7 @@ def _ln_add_fp8_impl(x, residual, w, b, scale, eps, zc, fp8_dtype):
     hidden = _host.check_input(op, x, [("weight", w), ("bias", b)], fp8_dtype, fp8=True)
     _check_scale(op, scale, x)
     return _host.ln_fwd_add_fp8(x, _host.compact_rows(residual, hidden), _host.compact_weight(w, hidden),
-                                _host.compact_weight(b, hidden), scale, float(eps), zc, fp8_dtype)
+                                _host.compact_weight(b, hidden), scale, checked_eps(eps, op), zc, fp8_dtype)
 
 
 def _check_scale(op, scale, x):
