@@ -154,6 +154,50 @@ def test_search_quality_lines_up_the_tasks_of_two_runs():
     assert "l29-rms" in block[0] and "l30-bwd" in block[1] and all("n= 4" in ln for ln in block), block
 
 
+@pytest.mark.parametrize("args,message", [
+    (["tune", "--hidden", "0"], "--hidden sizes must be in [1, 1048576], got '0'"),
+    (["tune", "--hidden", "64,2000000"], "--hidden sizes must be in [1, 1048576], got '64,2000000'"),
+    (["build", "--hidden", "64,x"], "--hidden must be integers, got '64,x'"),
+    (["tune", "--shapes", "nope"], "unknown shape group(s) ['nope']"),
+    (["build", "--keys", "0xffffffffffffffff"], "--keys: packed key 0xffffffffffffffff sets reserved bits"),
+    (["tune", "--hidden", "64", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
+    (["tune", "--hidden", "64", "--rows", "-1"], "argument --rows: must be at least 1, got -1"),
+    (["tune", "--hidden", "64", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
+    (["build", "--hidden", "64", "--schedules", "/nonexistent/schedules"],
+     "--schedules /nonexistent/schedules: no such directory"),
+    (["bench", "--target", "llvm", "--hidden", "0"], "--hidden sizes must be in [1, 1048576], got '0'"),
+    (["bench", "--target", "llvm", "--hidden", "64", "--rows", "8,-5"],
+     "--rows takes train, decode or token counts of at least 1, got '-5'"),
+    (["bench", "--target", "llvm", "--hidden", "64", "--max-sets", "0"], "argument --max-sets: must be at least 1, got 0"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_arguments_stop_before_any_work_naming_the_argument(tmp_path, capsys, args, message):
+    """Before these stopped here, --trials 0 tuned nothing, said no candidate could be built, and
+    still wrote the seeded default schedules as records (which --trials -3 then took for tuned);
+    --rows 0 and -5 benchmarked empty cases; --hidden 0 and --shapes nope ended in a traceback; a
+    misspelt --schedules built the default schedules without a word."""
+    from tvmnorm.cli import main
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--logs", str(tmp_path / "logs"), "--schedules", str(tmp_path / "sch")] if args[0] == "tune"
+             else args)
+    assert stop.value.code != 0
+    assert message in str(stop.value.code) + capsys.readouterr().err
+    assert not (tmp_path / "sch").exists() and not (tmp_path / "logs").exists()
+
+
+def test_a_schedules_file_that_does_not_parse_stops_tune_and_build_and_stays(tmp_path):
+    """tune writes the records it chose over the target's schedules file: one that does not parse
+    (a merge conflict, a truncated copy) stops it before any work, and stays as it was."""
+    from tvmnorm.cli import main
+    from tvmnorm.tune import schedules_path
+    path = schedules_path("llvm", tmp_path)
+    path.write_text('{"records": {"0x400000": ')
+    for cmd in (["tune", "--logs", str(tmp_path / "logs")], ["build", "--out", str(tmp_path / "lib")]):
+        with pytest.raises(SystemExit, match=f"{path} is not a schedules file .JSONDecodeError"):
+            main([*cmd, "--target", "llvm", "--hidden", "64", "--dtypes", "fp32", "--schedules", str(tmp_path)])
+    assert path.read_text() == '{"records": {"0x400000": '
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
 def test_build_refuses_fewer_than_one_job(tmp_path):
     res = subprocess.run([sys.executable, "-m", "tvmnorm", *BUILD, "--out", str(tmp_path / "lib"), "--jobs", "0"],
                          capture_output=True, text=True, timeout=600)

@@ -62,7 +62,7 @@ import warnings
 import zlib
 
 from .key import DTYPE_BYTES, FORWARD_STAGES, NormKey
-from .shapes import DECODE_ROWS, TRAIN_TOKENS, hidden_sizes, shape_of
+from .shapes import DECODE_ROWS, TRAIN_TOKENS, hidden_sizes, parse_hidden, shape_of
 from .shapes import shapes as catalog_shapes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -884,16 +884,10 @@ def make_cases(args) -> list:
     bad = [d for d in dtypes if d not in BENCH_DTYPES]
     if bad:
         raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(BENCH_DTYPES)}")
-    if args.hidden:
-        try:
-            shapes = [shape_of(int(h)) for h in _csv_list(args.hidden)]
-        except ValueError:
-            raise SystemExit(f"--hidden must be integers, got {args.hidden!r}") from None
-    else:
-        try:
-            shapes = catalog_shapes(args.shapes)
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
+    try:
+        shapes = [shape_of(h) for h in parse_hidden(args.hidden)] if args.hidden else catalog_shapes(args.shapes)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     tokens = []
     for r in _csv_list(args.rows):
         if r == "train":
@@ -902,9 +896,12 @@ def make_cases(args) -> list:
             tokens += [(t, "decode") for t in DECODE_ROWS]
         else:
             try:
-                tokens.append((int(r), "tokens"))
+                count = int(r)
             except ValueError:
-                raise SystemExit(f"--rows takes train, decode or token counts, got {r!r}") from None
+                count = 0
+            if count < 1:
+                raise SystemExit(f"--rows takes train, decode or token counts of at least 1, got {r!r}")
+            tokens.append((count, "tokens"))
     out = []
     for op in ops:
         for dt in dtypes:
@@ -1371,6 +1368,7 @@ def merge(paths, records: dict | None = None) -> dict:
 # CLI
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
+    from .cli import at_least_one
     p.add_argument("--target", choices=("llvm", "cuda"), default=None,
                    help="cuda or llvm (default: cuda when torch sees a GPU)")
     p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list of {', '.join(OPS)} "
@@ -1390,7 +1388,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-refcheck", dest="refcheck", action="store_false")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
-    p.add_argument("--max-sets", type=int, default=32, help="most input sets to rotate over")
+    p.add_argument("--max-sets", type=at_least_one, default=32, help="most input sets to rotate over")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every impl of a case this many times in turn (set up first, then impl after impl): "
                         "us is the fastest round's median, us_rounds lists them all")

@@ -8,13 +8,24 @@ import pathlib
 import sys
 
 from .key import DTYPES, FORWARD_STAGES, NORMS, STAGES, NormKey
-from .shapes import hidden_sizes
+from .shapes import hidden_sizes, parse_hidden
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _csv(s):
     return [v.strip() for v in s.split(",") if v.strip()]
+
+
+def at_least_one(text):
+    """argparse type of a count that must be positive (trials, rows, batch, workers)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _chunk_rows(s):
@@ -58,15 +69,12 @@ def add_layouts_arg(p):
 
 
 def keys_from_args(args) -> list:
-    if args.keys:
-        return [NormKey.unpack(int(k, 0)) for k in _csv(args.keys)]
-    if args.hidden:
-        try:
-            hiddens = [int(h) for h in _csv(args.hidden)]
-        except ValueError:
-            raise SystemExit(f"--hidden must be integers, got {args.hidden!r}") from None
-    else:
-        hiddens = hidden_sizes(args.shapes or "all")
+    try:
+        if args.keys:
+            return [NormKey.unpack(int(k, 0)) for k in _csv(args.keys)]
+        hiddens = parse_hidden(args.hidden) if args.hidden else hidden_sizes(args.shapes or "all")
+    except ValueError as e:
+        raise SystemExit(f"--keys: {e}" if args.keys else str(e)) from None
     norms, stages, dtypes = _csv(args.norms), _csv(args.stages), _csv(args.dtypes)
     for name, vals, allowed in (("norm", norms, NORMS), ("stage", stages, STAGES), ("dtype", dtypes, DTYPES)):
         bad = [v for v in vals if v not in allowed]
@@ -98,8 +106,18 @@ def check_arch(keys, target: str) -> None:
 
 
 def _records_for(kind, root=None):
-    from .tune import load_records
-    return load_records(kind, root)
+    """The records a build takes; a --schedules directory that is not there is a typo to stop
+    at, not a build of default schedules only."""
+    from .tune import load_records, schedules_path
+    if root is not None and not pathlib.Path(root).is_dir():
+        raise SystemExit(f"--schedules {root}: no such directory")
+    try:
+        records = load_records(kind, root)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if root is not None and not records:
+        print(f"no records in {schedules_path(kind, root)}: building the default schedules", file=sys.stderr)
+    return records
 
 
 def cmd_build(args):
@@ -174,18 +192,18 @@ def main(argv=None):
     p = sub.add_parser("tune", help="tune keys with MetaSchedule and build the library")
     p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
     add_key_args(p)
-    p.add_argument("--trials", type=int, default=64, help="measured candidates per key")
+    p.add_argument("--trials", type=at_least_one, default=64, help="measured candidates per key")
     p.add_argument("--logs", default=str(REPO / "tuning_logs"), help="raw MetaSchedule databases")
     p.add_argument("--schedules", default=str(REPO / "schedules"), help="chosen records per target")
-    p.add_argument("--rows", type=int, default=None, help="row count to tune at (default: per target)")
+    p.add_argument("--rows", type=at_least_one, default=None, help="row count to tune at (default: per target)")
     p.add_argument("--no-build", action="store_true", help="do not build the library afterwards")
     p.add_argument("--out", default=None, help="library directory (default: the package's)")
     add_layouts_arg(p)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--batch", type=int, default=8, help="keys per MetaSchedule session")
-    p.add_argument("--build-workers", type=int, default=None,
+    p.add_argument("--batch", type=at_least_one, default=8, help="keys per MetaSchedule session")
+    p.add_argument("--build-workers", type=at_least_one, default=None,
                    help="processes compiling candidates (default: one per core)")
-    p.add_argument("--min-trials", type=int, default=None,
+    p.add_argument("--min-trials", type=at_least_one, default=None,
                    help="take a key's best candidate from the database of an interrupted run once "
                         "every task has this many (default: --trials); the key stays due for more")
     p.add_argument("--overlap-builds", action="store_true",

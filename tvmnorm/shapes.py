@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .key import MAX_HIDDEN
+
 TRAIN_TOKENS = 16384
 DECODE_ROWS = (1, 8, 64, 256)
 
@@ -62,6 +64,17 @@ def shapes(groups="all") -> list:
 
 def hidden_sizes(groups="all") -> list:
     return [s.hidden for s in shapes(groups)]
+
+
+def parse_hidden(text: str) -> list:
+    """The hidden sizes of a --hidden argument ("768,4096"), each one the kernels take."""
+    try:
+        sizes = [int(h) for h in text.split(",") if h.strip()]
+    except ValueError:
+        raise ValueError(f"--hidden must be integers, got {text!r}") from None
+    if not sizes or not all(1 <= h <= MAX_HIDDEN for h in sizes):
+        raise ValueError(f"--hidden sizes must be in [1, {MAX_HIDDEN}], got {text!r}")
+    return sizes
 
 
 def shape_of(hidden: int) -> Shape:

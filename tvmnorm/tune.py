@@ -59,8 +59,12 @@ def read_records(path) -> dict:
     path = pathlib.Path(path)
     if not path.exists():
         return {}
-    data = json.loads(path.read_text())
-    return {int(k, 16): v for k, v in data.get("records", {}).items()}
+    try:
+        data = json.loads(path.read_text())
+        return {int(k, 16): v for k, v in data["records"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        # stop: tune would otherwise write its records over the file's
+        raise ValueError(f"{path} is not a schedules file ({type(e).__name__}: {e}); move it aside or fix it") from None
 
 
 def load_records(kind: str, root=None) -> dict:
@@ -617,7 +621,10 @@ def tune_main(args, keys) -> None:
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
     chunks = chunk_sizes(getattr(args, "chunk_rows", None))
-    records = load_records(kind, args.schedules)
+    try:
+        records = load_records(kind, args.schedules)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     todo = due_keys(keys, records, kind, args.trials, rows)
     least = getattr(args, "min_trials", None) or args.trials
     recovered = recover_records(todo, kind, least, logs, rows, chunks, records) if todo else {}
