@@ -223,14 +223,30 @@ def test_gradcheck_fp64_hidden1_and_no_weight(gen):
     torch.testing.assert_close(tn.layer_norm(x7, None, None), F.layer_norm(x7, (7,), eps=1e-5))
 
 
-def test_double_backward_is_refused(gen):
-    """The bwd kernels are not differentiable: a second derivative raises, never silently zero."""
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("dy_grad", (True, False), ids=("dy-requires-grad", "y.sum"))
+@pytest.mark.parametrize("add", (False, True), ids=("norm", "add-norm"))
+def test_double_backward_is_refused(gen, norm, dy_grad, add):
+    """The bwd kernels are not differentiable: a second derivative raises, never silently zero.
+    With dy = ones (y.sum()), torch's once_differentiable gave x's gradient no graph: a gradient
+    penalty on it was a constant (backward through it either failed with "does not require grad"
+    or, beside another loss, added nothing)."""
     x = rand(gen, (3, 7), torch.float64, requires_grad=True)
     w = torch.randn(7, generator=gen, dtype=torch.float64).requires_grad_()
-    dy = torch.randn(3, 7, generator=gen, dtype=torch.float64).requires_grad_()
-    (gx,) = torch.autograd.grad(tn.rms_norm(x, w), (x,), dy, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
-        gx.sum().backward()
+    b = torch.randn(7, generator=gen, dtype=torch.float64) if norm == "layernorm" else None
+    if add:
+        y = run_add(norm, x, torch.randn(3, 7, generator=gen, dtype=torch.float64), w, b, 1e-5)[0]
+    else:
+        y = run(norm, x, w, b, 1e-5)
+    dy = torch.randn(3, 7, generator=gen, dtype=torch.float64).requires_grad_() if dy_grad else torch.ones_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), dy, create_graph=True)
+    for g in (gx, gw):
+        assert g.requires_grad
+        with pytest.raises(RuntimeError, match="tvmnorm's norm backward is not differentiable"):
+            (g.square().sum() + y.sum()).backward(retain_graph=True)
+    # without create_graph the gradients are plain tensors, as before
+    gx2, _ = torch.autograd.grad(y, (x, w), dy)
+    assert not gx2.requires_grad and torch.equal(gx2, gx.detach())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ Without grad, eager calls skip autograd altogether.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..runtime import checked_eps
 from . import _host
@@ -36,6 +36,27 @@ Tensor = torch.Tensor
 
 # ---------------------------------------------------------------------------------------------
 # Implementations: checks, then the host call (outputs shaped like x).
+
+
+def once_differentiable(backward):
+    """The bwd kernels are not differentiable themselves: the gradients a backward returns under
+    create_graph differentiate to an error, never silently to nothing. torch's
+    once_differentiable puts them on its error node only where a gradient flowing in requires
+    grad and misses the saved inputs (its own comment says so): after y.sum() (dy = ones) the
+    gradients came back without a graph, so a gradient penalty built on them was a constant and
+    its second derivative silently zero. Here a saved input that requires grad counts too."""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled() or not any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (*grads, *ctx.saved_tensors)):
+            return outputs
+        refuse = torch._C._functions.DelayedError(
+            b"tvmnorm's norm backward is not differentiable (once_differentiable: its kernels have no "
+            b"backward of their own), so a second derivative through it is not supported", len(outputs))
+        return refuse(*[None if g is None else g.detach().requires_grad_() for g in outputs])
+    return wrapper
 
 def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
     hidden = _host.check_input(op, x, [("weight", w)], out_dtype)
@@ -163,7 +184,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # the bwd kernels are not differentiable themselves: refuse double backward
+    @once_differentiable
     def backward(ctx, dy):
         x, weight, rs = ctx.saved_tensors
         dx, dw = _rms_bwd_impl(dy, x, rs, weight, ctx.zc)
@@ -181,7 +202,7 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # the bwd kernels are not differentiable themselves: refuse double backward
+    @once_differentiable
     def backward(ctx, dy):
         x, weight, mu, rs = ctx.saved_tensors
         dx, dw, db = _ln_bwd_impl(dy, x, mu, rs, weight, ctx.zc)
