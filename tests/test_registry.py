@@ -958,6 +958,22 @@ def test_x_layout_named(tmp_path, monkeypatch):
         Registry().get(NormKey(hidden_size=128), "llvm", "rows")
 
 
+def test_kernel_names_an_argument_that_is_not_an_array():
+    """A list or None where the kernel takes an array: a TypeError naming the argument (it was an
+    AttributeError about __array_interface__ from the alignment check)."""
+    import torch
+    from tvmnorm.runtime import get_kernel
+    key = NormKey(norm="rmsnorm", stage="fwd", itype="fp32", wtype="fp32", otype="fp32", hidden_size=128)
+    kernel = get_kernel(key, "llvm")
+    x, w, y, rs = torch.randn(8, 128), torch.ones(128), torch.empty(8, 128), torch.empty(8)
+    with pytest.raises(TypeError, match=rf"^{key.name}: x must be an array .*, got list$"):
+        kernel(x.tolist(), w, y, rs)
+    with pytest.raises(TypeError, match=rf"^{key.name}: rsigma must be an array .*, got NoneType$"):
+        kernel(x, w, y, None)
+    kernel(x, w, y, rs)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (128,), w, 1e-6))
+
+
 def test_llvm_kernel_refuses_misaligned_arrays(rng):
     """TVM's llvm kernels take every array as 64-byte aligned (LLVM's aligned vector moves
     crashed on a view at an odd offset): the kernel refuses such an array by name, before any

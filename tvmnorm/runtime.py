@@ -363,13 +363,21 @@ class NormKernel:
         if len(arrays) != self._nargs:
             raise TypeError(f"{self.key.norm} {self.key.stage} kernel takes {len(self.signature)} arrays "
                             f"({', '.join(self.signature)}), got {len(arrays)}")
-        for i, name in self._aligned:
-            if _data_ptr(arrays[i]) % LLVM_ALIGNMENT:
-                raise ValueError(f"{self.key.name}: {name}'s data pointer {_data_ptr(arrays[i]):#x} is not "
-                                 f"{LLVM_ALIGNMENT}-byte aligned, which TVM's llvm kernels assume (LLVM moves "
-                                 f"vectors with aligned instructions, which would crash on it); it comes from a "
-                                 f"view at an odd offset: pass a copy (t.clone())")
-        rows = int(arrays[self._rows_at].shape[0])
+        try:
+            for i, name in self._aligned:
+                if _data_ptr(arrays[i]) % LLVM_ALIGNMENT:
+                    raise ValueError(f"{self.key.name}: {name}'s data pointer {_data_ptr(arrays[i]):#x} is not "
+                                     f"{LLVM_ALIGNMENT}-byte aligned, which TVM's llvm kernels assume (LLVM moves "
+                                     f"vectors with aligned instructions, which would crash on it); it comes from "
+                                     f"a view at an odd offset: pass a copy (t.clone())")
+            rows = int(arrays[self._rows_at].shape[0])
+        except AttributeError:
+            # checked only once a lookup failed: a call pays nothing for it
+            i = next((i for i, a in enumerate(arrays) if not hasattr(a, "shape")), None)
+            if i is None:
+                raise
+            raise TypeError(f"{self.key.name}: {self.signature[i]} must be an array (a torch, TVM or numpy "
+                            f"tensor), got {type(arrays[i]).__name__}") from None
         if self._plain_fwd:
             if rows or self.kind != "cuda":  # CUDA rejects an empty grid
                 self.forward_for(rows)(*arrays, checked_eps(self._default_eps if eps is None else eps, self.key.name))
