@@ -707,7 +707,7 @@ def test_add_norm_fp8_is_one_kernel_and_checks_its_input(monkeypatch, gen):
     (k, ptrs), = spy.calls
     assert (k.key.stage, k.key.otype) == ("fwd_add", "fp8e4m3") and ptrs[:2] == [x.data_ptr(), r.data_ptr()]
     assert {y8.data_ptr(), h.data_ptr(), amax.data_ptr()} <= set(ptrs)
-    assert not (y8.requires_grad or h.requires_grad)
+    assert not (y8.requires_grad or h.requires_grad)  # no input requires grad
     with pytest.raises(ValueError, match=r"rms_norm_add_fp8: residual must have x's shape \[4, 128\], got \[1, 128\]"):
         tn.rms_norm_add_fp8(x, r[:1], w, 2.0)
     with pytest.raises(TypeError, match="layer_norm_add_fp8: fp8_dtype must be"):
@@ -716,6 +716,36 @@ def test_add_norm_fp8_is_one_kernel_and_checks_its_input(monkeypatch, gen):
         tn.layer_norm_add_fp8(x, r, w, None, torch.ones(2))
     with pytest.raises(TypeError, match="rms_norm_add_fp8: fp8 output needs x in float32"):
         tn.rms_norm_add_fp8(x.double(), r.double(), w.double(), 2.0)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+@pytest.mark.parametrize("add", (False, True), ids=("norm", "add-norm"))
+def test_fp8_ops_refuse_a_backward_that_reaches_them(gen, norm, add):
+    """The fp8 ops have no backward: where an input requires grad, a loss that reaches y_fp8 or h
+    raises, naming the op (h, the next block's residual, left x and residual silently without
+    that part of their gradient before); amax never requires grad; the values are those of the
+    same call without grad, and nothing changes under no_grad or without an input that requires
+    grad."""
+    x, r = rand(gen, (4, 128)), rand(gen, (4, 128))
+    w, b = torch.randn(128, generator=gen), torch.randn(128, generator=gen) if norm == "layernorm" else None
+    op = f"{'rms' if norm == 'rmsnorm' else 'layer'}_norm{'_add' if add else ''}_fp8"
+
+    def call(x, w):
+        args = (x, r) if add else (x,)
+        return getattr(tn, op)(*args, w, *((b,) if norm == "layernorm" else ()), 2.0)
+    plain = call(x, w)
+    assert not any(t.requires_grad for t in plain)
+    for grad_of in ("x", "weight"):
+        xg, wg = x.clone().requires_grad_(grad_of == "x"), w.clone().requires_grad_(grad_of == "weight")
+        out = call(xg, wg)
+        *values, amax = out
+        assert all(v.requires_grad for v in values) and not amax.requires_grad
+        assert all(torch.equal(a.float(), p.float()) for a, p in zip(out, plain))
+        for v in values:
+            with pytest.raises(RuntimeError, match=f"^{op} is forward-only"):
+                v.float().sum().backward()
+        with torch.no_grad():
+            assert not any(t.requires_grad for t in call(xg, wg))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,11 +52,32 @@ def once_differentiable(backward):
         if not torch.is_grad_enabled() or not any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in (*grads, *ctx.saved_tensors)):
             return outputs
-        refuse = torch._C._functions.DelayedError(
-            b"tvmnorm's norm backward is not differentiable (once_differentiable: its kernels have no "
-            b"backward of their own), so a second derivative through it is not supported", len(outputs))
-        return refuse(*[None if g is None else g.detach().requires_grad_() for g in outputs])
+        return _refusing_backward("tvmnorm's norm backward is not differentiable (once_differentiable: its "
+                                  "kernels have no backward of their own), so a second derivative through it "
+                                  "is not supported", outputs)
     return wrapper
+
+
+def _refusing_backward(message: str, tensors) -> tuple:
+    """``tensors`` (None kept) as outputs of a node whose backward raises ``message``: what
+    torch's once_differentiable builds, for a gradient that must not silently be missing."""
+    refuse = torch._C._functions.DelayedError(message.encode(), len(tensors))
+    out = refuse(*[None if t is None else t.detach().requires_grad_() for t in tensors])
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _forward_only(op: str, outputs: tuple, *inputs) -> tuple:
+    """The fp8 ops have no backward. Where grad mode is on and an input requires grad, y_fp8 (and
+    h) come back on a node whose backward raises, naming the op: a loss that reaches them fails
+    instead of leaving x, residual and the weights silently without that part of their gradient
+    (h is the residual stream of the next block). amax, a statistic, never requires grad, as
+    TransformerEngine's."""
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
+        return outputs
+    *values, amax = outputs
+    return (*_refusing_backward(f"{op} is forward-only (its fp8 output has no backward): for a "
+                                f"gradient, run the norm in bf16/fp16 (rms_norm, layer_norm, *_add) and "
+                                f"quantize its output", values), amax)
 
 def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
     hidden = _host.check_input(op, x, [("weight", w)], out_dtype)
@@ -594,14 +615,15 @@ def rms_norm_fp8(x: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, 
     over the whole tensor *before* scaling, an fp32 tensor of shape [1] (0 for an empty x), for
     the caller's delayed-scaling history. ``scale`` is a float or a one-element tensor.
 
-    Forward only: the result is meant as a GEMM input, not differentiated through (the outputs
-    never require grad)."""
+    Forward only: the result is meant as a GEMM input, not differentiated through; where an input
+    requires grad, a backward that reaches y_fp8 raises (amax never requires grad)."""
     weight, _ = _affine("rms_norm_fp8", x, weight, None, zero_centered_gamma, False)
     scale = _scale_tensor("rms_norm_fp8", scale, x)
     if torch.compiler.is_compiling():
         return rms_norm_fp8_op(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
-        return _rms_fp8_impl(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+        out = _rms_fp8_impl(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+    return _forward_only("rms_norm_fp8", out, x, weight)
 
 
 def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], scale, eps: float = 1e-5, *,
@@ -612,7 +634,8 @@ def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
     if torch.compiler.is_compiling():
         return layer_norm_fp8_op(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
-        return _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+        out = _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+    return _forward_only("layer_norm_fp8", out, x, weight, bias)
 
 
 def rms_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, *,
@@ -627,7 +650,8 @@ def rms_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], scal
     if torch.compiler.is_compiling():
         return rms_norm_add_fp8_op(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
-        return _rms_add_fp8_impl(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+        out = _rms_add_fp8_impl(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+    return _forward_only("rms_norm_add_fp8", out, x, residual, weight)
 
 
 def layer_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], scale,
@@ -641,4 +665,5 @@ def layer_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], bi
     if torch.compiler.is_compiling():
         return layer_norm_add_fp8_op(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
-        return _ln_add_fp8_impl(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+        out = _ln_add_fp8_impl(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+    return _forward_only("layer_norm_add_fp8", out, x, residual, weight, bias)
