@@ -240,9 +240,6 @@ def fits_int32(rows: int, hidden: int) -> bool:
     return rows <= narrow_rows(hidden)
 
 
-# TVM's llvm packed functions take every tensor's data as this aligned (llvm.assume), and LLVM
-# uses aligned vector moves where an offset from it is a provable multiple of the vector: a
-# misaligned array crashed the process, so NormKernel refuses it (tvmnorm.torch copies instead).
 def checked_eps(eps, who: str) -> float:
     """``eps`` as the kernels take it, refused where it would make y NaN rather than compute a
     norm: a negative eps makes every row whose mean square (variance) is below -eps NaN, a NaN
@@ -256,6 +253,9 @@ def checked_eps(eps, who: str) -> float:
     return value
 
 
+# TVM's llvm packed functions take every tensor's data as this aligned (llvm.assume), and LLVM
+# uses aligned vector moves where an offset from it is a provable multiple of the vector: a
+# misaligned array crashed the process, so NormKernel refuses it (tvmnorm.torch copies instead).
 LLVM_ALIGNMENT = 64
 
 

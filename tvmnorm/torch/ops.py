@@ -35,8 +35,7 @@ Tensor = torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# Implementations: checks, then the host call (outputs shaped like x).
-
+# Gradients that must not be silently missing: nodes whose backward raises.
 
 def once_differentiable(backward):
     """The bwd kernels are not differentiable themselves: the gradients a backward returns under
@@ -78,6 +77,10 @@ def _forward_only(op: str, outputs: tuple, *inputs) -> tuple:
     return (*_refusing_backward(f"{op} is forward-only (its fp8 output has no backward): for a "
                                 f"gradient, run the norm in bf16/fp16 (rms_norm, layer_norm, *_add) and "
                                 f"quantize its output", values), amax)
+
+
+# ---------------------------------------------------------------------------------------------
+# Implementations: checks, then the host call (outputs shaped like x).
 
 def _rms_fwd_impl(x, w, eps, zc, out_dtype, op="rms_norm"):
     hidden = _host.check_input(op, x, [("weight", w)], out_dtype)
