@@ -140,6 +140,15 @@ def kernels():
 # inputs and calls
 
 
+def space_variant(key: NormKey, kind: str, func, index: int = 0):
+    """Structural variant ``index`` of ``key``'s design space, its decisions sampled on ``func``:
+    what a test takes from space_fn(...)[index] without building the other variants (a
+    backward key has ~50, 4 s a key)."""
+    from tvmnorm._tvm import Schedule
+    from tvmnorm.sched.space import design_spaces
+    return design_spaces(key, kind)[index](Schedule(func))
+
+
 def generated_cuda(funcs: dict) -> str:
     """The CUDA C that TVM generates for ``funcs`` (name -> scheduled PrimFunc), compiled the
     way the library compiles them: what the structural (no-GPU) checks of codegen read."""

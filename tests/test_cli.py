@@ -160,6 +160,7 @@ def test_search_quality_lines_up_the_tasks_of_two_runs():
     (["build", "--hidden", "64,x"], "--hidden must be integers, got '64,x'"),
     (["tune", "--shapes", "nope"], "unknown shape group(s) ['nope']"),
     (["build", "--keys", "0xffffffffffffffff"], "--keys: packed key 0xffffffffffffffff sets reserved bits"),
+    (["build", "--keys", "0xzz"], "--keys: '0xzz' is not a packed key (a decimal or 0x-hex integer)"),
     (["tune", "--hidden", "64", "--trials", "0"], "argument --trials: must be at least 1, got 0"),
     (["tune", "--hidden", "64", "--rows", "-1"], "argument --rows: must be at least 1, got -1"),
     (["tune", "--hidden", "64", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
@@ -278,7 +279,7 @@ def test_cuda_build_for_another_gpu(tmp_path):
         pytest.skip("nvcc not installed")
     out = tmp_path / "lib"
     tvmnorm_cli("build", "--target", "cuda", "--arch", "sm_80", "--hidden", "1024", "--norms", "rmsnorm",
-                "--stages", "fwd", "--out", str(out))
+                "--stages", "fwd", "--layouts", "compact", "--out", str(out))
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["arch"] == "sm_80" and manifest["target_spec"]["arch"] == "sm_80" and not manifest["pdl"]
     assert b"sm_80" in (out / LIBRARY).read_bytes()

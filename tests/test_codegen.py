@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 import pytest
-from conftest import generated_cuda, has_nvcc
+from conftest import generated_cuda, has_nvcc, space_variant
 
 from tvmnorm import NormKey
 from tvmnorm.build import scheduled_funcs
@@ -435,11 +435,10 @@ def test_min_blocks_decision_replays_on_both_index_widths():
     import json
 
     from tvmnorm.build import key_funcs
-    from tvmnorm._tvm import Schedule
-    from tvmnorm.sched.space import MIN_BLOCKS, space_fn
+    from tvmnorm.sched.space import MIN_BLOCKS
     from tvmnorm.tune import tuning_func
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=2048)
-    sch = space_fn(key, "cuda")(Schedule(tuning_func(key, "dx", 2048, "cuda")))[0]
+    sch = space_variant(key, "cuda", tuning_func(key, "dx", 2048, "cuda"))
     insts, decisions = json.loads(json.dumps(sch.trace.simplified(remove_postproc=True).as_json(),
                                              default=lambda o: o.value))
     choice = [i for i, inst in enumerate(insts) if inst[0] == "SampleCategorical"

@@ -13,7 +13,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import call, check_outputs, committed_llvm_records, generated_cuda, has_nvcc, make_inputs
+from conftest import (call, check_outputs, committed_llvm_records, generated_cuda, has_nvcc, make_inputs,
+                      space_variant)
 from tvmnorm import NormKey, reference
 from tvmnorm.build import build_library, compile_funcs, key_funcs, narrow_prefix, scheduled_funcs
 from tvmnorm.compute import kernel_funcs
@@ -60,7 +61,8 @@ def test_design_space_built_in_threads_is_the_one_built_in_turn(monkeypatch):
 def test_design_space_replays_on_symbolic_rows(key, kind):
     """Every structural variant of the space, with the decisions it sampled, replays from its
     (simplified, as MetaSchedule stores it) trace onto the symbolic-row kernels a library holds
-    (on CUDA both index widths, build.key_funcs), and compiles. Each samples a decision, even a
+    (on CUDA both index widths, build.key_funcs), and compiles (on CUDA each width at every
+    other variant). Each samples a decision, even a
     variant with one choice (warp_sums: one row a block): a trace that samples nothing is taken
     for the default rule's (the thirteenth lease's forward retune marked its warp_sums records default_won)."""
     from tvmnorm._tvm import Schedule
@@ -68,14 +70,18 @@ def test_design_space_replays_on_symbolic_rows(key, kind):
     for part in [p for p in kernel_funcs(key, kind) if p in TUNED_PARTS]:
         spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 2048, kind)))
         assert len(spaces) == len(design_spaces(key, kind)) >= 1
-        for sch in spaces:
+        for index, sch in enumerate(spaces):
             assert not is_default_trace(sch.trace)
             trace = sch.trace.simplified(remove_postproc=True)
             record = {"parts": {part: json.loads(json.dumps(trace.as_json(), default=lambda o: o.value))}}
             # the replayed kernel alone, at each index width a library holds it (build.key_funcs)
-            funcs = scheduled_funcs(key, kind, record, parts=(part,))
+            widths = [scheduled_funcs(key, kind, record, parts=(part,))]
             if kind == "cuda":
-                funcs.update(scheduled_funcs(key, kind, record, row_bits=32, parts=(part,), prefix=narrow_prefix(key)))
+                widths.append(scheduled_funcs(key, kind, record, row_bits=32, parts=(part,),
+                                              prefix=narrow_prefix(key)))
+            # every variant replays at both widths; each width compiles at every other variant
+            # (0.7 s a kernel: ~100 of them at layernorm bwd 1000 took most of two minutes)
+            funcs = widths[index % len(widths)] if len(spaces) > 1 else {k: f for w in widths for k, f in w.items()}
             if kind == "llvm":
                 compile_funcs(funcs, kind)
             else:
@@ -360,7 +366,7 @@ def test_candidates_build_in_forked_workers(kind, build, key, part):
     build: without a CUDA runtime, as here, the library keeps the CUDA source, so it can only be
     loaded where there is one) or through cuda_host + nvcc (loadable with tvm_ffi alone)."""
     from tvm.s_tir import meta_schedule as ms
-    from tvmnorm._tvm import IRModule, Schedule, cuda_available, load_module, target
+    from tvmnorm._tvm import IRModule, cuda_available, load_module, target
     from tvmnorm.measure import InProcessBuilder
     from tvmnorm.targets import target_spec
     if build == "nvcc" and not has_nvcc():
@@ -371,8 +377,9 @@ def test_candidates_build_in_forked_workers(kind, build, key, part):
         # static rows, as MetaSchedule measures them (the static kernel must compile too, not
         # only its trace replayed on the symbolic-row one); the fused CUDA kernel has one space
         # per (threads, vec) variant: the first and the last
-        spaces = space_fn(key, kind)(Schedule(tuning_func(key, part, 512, kind)))
-        for sch in {id(s): s for s in (spaces[0], spaces[-1])}.values():
+        func = tuning_func(key, part, 512, kind)
+        for index in sorted({0, len(design_spaces(key, kind)) - 1}):
+            sch = space_variant(key, kind, func, index)
             inputs.append(ms.builder.BuilderInput(IRModule({"main": sch.mod["main"]}), tgt))
     results = InProcessBuilder(kind, workers=2, cuda_build=build or "nvrtc").build(inputs)
     for res in results:
@@ -1097,14 +1104,14 @@ class _FakeDatabase:
 
 @pytest.mark.parametrize("fastest", (16, 32, 64))
 def test_best_records_keeps_the_fastest_chunk_size(fastest):
-    from tvmnorm._tvm import IRModule, Schedule, target
+    from tvmnorm._tvm import IRModule, target
     from tvmnorm.targets import target_spec
     from tvmnorm.tune import _best_records, _tasks
     key = NormKey(stage="bwd", hidden_size=1024)
     funcs, owner = _tasks([key], "cuda", 4097, chunks=[16, 32, 64])
     measured = {}
     for task, func in funcs.items():
-        sch = space_fn(key, "cuda")(Schedule(func))[0]
+        sch = space_variant(key, "cuda", func)
         secs = 1e-4 if owner[task][3] == fastest else 3e-4
         measured[_FakeDatabase._h(IRModule({"main": func}))] = (sch.trace, secs, {16: 9, 32: 12, 64: 7}[owner[task][3]])
     db = _FakeDatabase(measured)

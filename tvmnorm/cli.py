@@ -68,10 +68,17 @@ def add_layouts_arg(p):
                         "time; compact alone builds a third of the code)")
 
 
+def _packed_key(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a packed key (a decimal or 0x-hex integer)") from None
+
+
 def keys_from_args(args) -> list:
     try:
         if args.keys:
-            return [NormKey.unpack(int(k, 0)) for k in _csv(args.keys)]
+            return [NormKey.unpack(_packed_key(k)) for k in _csv(args.keys)]
         hiddens = parse_hidden(args.hidden) if args.hidden else hidden_sizes(args.shapes or "all")
     except ValueError as e:
         raise SystemExit(f"--keys: {e}" if args.keys else str(e)) from None
