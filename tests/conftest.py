@@ -79,7 +79,14 @@ def _isolated_cache(tmp_path_factory):
 
     before = snapshot()
     saved = {k: os.environ.get(k) for k in ("TVMNORM_CACHE", "TVMNORM_LIBRARY")}
-    os.environ["TVMNORM_CACHE"] = str(tmp_path_factory.mktemp("tvmnorm-cache"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # one cache for the run's workers (the parent of their base temps), so a default kernel
+        # compiles once, not once a worker: entries are written whole under a file lock
+        cache = tmp_path_factory.getbasetemp().parent / "tvmnorm-cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("tvmnorm-cache")
+    os.environ["TVMNORM_CACHE"] = str(cache)
     os.environ.pop("TVMNORM_LIBRARY", None)
     yield
     for k, v in saved.items():
