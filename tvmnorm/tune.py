@@ -111,6 +111,9 @@ def tuning_func(key: NormKey, part: str, rows: int, kind: str, chunk_rows: int |
             .with_attr(ROW_OPERANDS_ATTR, row_operands))
 
 
+_BAR_OPEN = [False]  # the progress bar's line has no newline yet
+
+
 def _bar(i, n, t0, label):
     done = i / n if n else 1
     el = time.time() - t0
@@ -118,6 +121,20 @@ def _bar(i, n, t0, label):
     fill = int(30 * done)
     sys.stderr.write(f"\r[{'#' * fill}{'.' * (30 - fill)}] {i}/{n} {el:5.0f}s eta {eta:5.0f}s  {label[:60]:60s}")
     sys.stderr.flush()
+    _BAR_OPEN[0] = True
+
+
+def _end_bar() -> None:
+    if _BAR_OPEN[0]:
+        sys.stderr.write("\n")
+        _BAR_OPEN[0] = False
+
+
+def _say(message: str) -> None:
+    """A line on stderr below the progress bar: the bar's line is ended first, else a log (not a
+    terminal) glues the message to the bar."""
+    _end_bar()
+    print(message, file=sys.stderr)
 
 
 def _postprocs(kind, stage: str = "fwd"):
@@ -184,9 +201,9 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
               for task in funcs}
     db = ms.database.JSONDatabase(work_dir=str(work))
     seeded, kept, peers = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
-    print(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
-          + (f", and {kept} committed records" if kept else "")
-          + (f", and {peers} of torch.compile's launch shapes" if peers else ""), file=sys.stderr)
+    _say(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
+         + (f", and {kept} committed records" if kept else "")
+         + (f", and {peers} of torch.compile's launch shapes" if peers else ""))
     with without_tensor_intrinsics():
         return seeded + kept + peers, ms.tune_tir(
             IRModule(funcs), target(target_spec(kind)), str(work), max_trials_global=trials * len(funcs),
@@ -480,7 +497,7 @@ def _best_records(db, funcs, owner, tgt, trials, need=0) -> dict:
         rec = db.query_tuning_record(mod, tgt, workload_name="main")
         if rec is None or not rec.run_secs:
             if not need:
-                print(f"\nno valid schedule found for {task}; it keeps the default", file=sys.stderr)
+                _say(f"no valid schedule found for {task}; it keeps the default")
             short.add(key.pack())
             continue
         # the mean, as MetaSchedule ranks candidates by it (the min could make a record look
@@ -656,7 +673,7 @@ def tune_main(args, keys) -> None:
         late = batch_past_limit(len(group), time.time() - started, time.time() - t0, i,
                                 getattr(args, "time_limit", None), getattr(args, "key_seconds", None))
         if late:
-            print(f"\nstopping before {len(group)} keys: {late}; they stay due", file=sys.stderr)
+            _say(f"stopping before {len(group)} keys: {late}; they stay due")
             todo = todo[:i]
             break
         _bar(i, len(todo), t0, ", ".join(k.name for k in group))
@@ -664,15 +681,15 @@ def tune_main(args, keys) -> None:
             found = tune_batch(group, kind, args.trials, logs, rows, args.seed, args.build_workers, cuda_build,
                                chunks, records, getattr(args, "overlap_builds", False))
         except TuningBroken as e:
-            print(f"\nstopping: {e}", file=sys.stderr)
+            _say(f"stopping: {e}")
             raise SystemExit(2)
         except Exception as e:  # noqa: BLE001 - one batch's failure must not lose the others
-            print(f"\ntuning {[k.name for k in group]} failed: {e}", file=sys.stderr)
+            _say(f"tuning {[k.name for k in group]} failed: {e}")
             continue
         records.update(found)
         save_records(kind, records, args.schedules)  # after every batch: an interrupt loses little
     _bar(len(todo), len(todo), t0, "done")
-    print(file=sys.stderr)
+    _end_bar()
     if todo:  # the issue's yardstick: seconds per key, search, builds and measurements together
         spent = time.time() - t0
         print(f"tuned {len(todo)} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key", file=sys.stderr)
