@@ -167,6 +167,26 @@ def test_mixed_dtypes(norm, types, gen):
     check_fwd_bwd(norm, x, w, b, 1e-6, gen, out_dtype=odt)
 
 
+@pytest.mark.parametrize("xdt", (torch.bfloat16, torch.float32), ids=("xbf16", "xfp32"))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_autocast_leaves_the_dtypes_alone(norm, xdt, gen):
+    """Under torch.autocast the ops run as outside it (the README says so: the output follows x
+    or out_dtype), with fp32 weights as mixed precision keeps them: the same values bit for bit,
+    and the gradients in each input's dtype."""
+    m = (tn.RMSNorm if norm == "rmsnorm" else tn.LayerNorm)(128)
+    with torch.no_grad():
+        m.weight.copy_(1 + 0.5 * torch.randn(128, generator=gen))
+    x = rand(gen, (3, 5, 128), xdt, offset=1.0, requires_grad=True)
+    dy = torch.randn(3, 5, 128, generator=gen).to(xdt)
+    plain = m(x)
+    (gx, gw) = torch.autograd.grad(plain, (x, m.weight), dy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = m(x)
+        (cx, cw) = torch.autograd.grad(cast, (x, m.weight), dy)
+    assert cast.dtype == plain.dtype == xdt and cx.dtype == xdt and cw.dtype == torch.float32
+    assert torch.equal(cast, plain) and torch.equal(cx, gx) and torch.equal(cw, gw)
+
+
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
 def test_zero_centered_gamma(norm, gen):
     x = rand(gen, (4, 3, 128), torch.bfloat16, offset=1.0, requires_grad=True)
