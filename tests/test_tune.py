@@ -3,6 +3,7 @@ structural check that every committed record in schedules/ still applies to its 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import statistics
@@ -707,6 +708,32 @@ def test_tune_stops_before_a_batch_past_its_time_limit(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "stopping before 2 keys" in r.stderr and "they stay due" in r.stderr, r.stderr[-2000:]
     assert "tuned " not in r.stderr and not list((tmp_path / "sch").glob("llvm-*.json"))
+
+
+@pytest.mark.parametrize("held", ("schedules", "logs"))
+def test_a_second_tune_on_the_same_records_stops_before_touching_them(tmp_path, held):
+    """Two tune runs on one schedules file lost records: each saved what it had loaded at its
+    start and what it tuned, over what the other had saved; two on one database interleave the
+    workload lines its records point into. A run finding either held by another stops at once,
+    naming it, and leaves the other's file as it was."""
+    from tvmnorm.cli import main
+    from tvmnorm.targets import target_name
+    from tvmnorm.tune import run_lock, save_records, schedules_path
+    sch, logs = tmp_path / "sch", tmp_path / "logs"
+    other = NormKey(hidden_size=512, itype="fp32", wtype="fp32", otype="fp32")
+    save_records("llvm", {other.pack(): {"key": other.name, "trials": 4}}, sch)
+    before = schedules_path("llvm", sch).read_bytes()
+    held_path = schedules_path("llvm", sch) if held == "schedules" else logs / target_name("llvm")
+    # the other run holds one of the two, with a folder of its own for the other
+    own = tmp_path / "other"
+    with run_lock(held_path if held == "schedules" else schedules_path("llvm", own),
+                  held_path if held == "logs" else own / target_name("llvm")):
+        with pytest.raises(SystemExit) as stop:
+            main(["tune", "--target", "llvm", "--norms", "rmsnorm", "--stages", "fwd", "--dtypes", "fp32",
+                  "--hidden", "384", "--trials", "1", "--logs", str(logs), "--schedules", str(sch), "--no-build"])
+    assert f"{held_path} is in use by another tvmnorm tune (pid {os.getpid()})" in str(stop.value.code)
+    assert schedules_path("llvm", sch).read_bytes() == before
+    assert not (logs / target_name("llvm")).exists()
 
 
 def test_tuner_us_times_a_record_as_the_search_does():

@@ -9,6 +9,8 @@ default LocalBuilder/LocalRunner start fresh Pythons that spend 45-90 s importin
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -629,12 +631,43 @@ def batch_past_limit(keys: int, elapsed: float, tuning: float, done: int, limit:
     return None
 
 
+@contextlib.contextmanager
+def run_lock(*paths):
+    """Holds each of ``paths`` (a schedules file, a tuning database's folder) for one tune run.
+    Two runs on one schedules file would each write their records over the other's (a run saves
+    what it loaded at its start and what it tuned), and two on one database would interleave
+    their workload lines, which its records point into by line: the second run stops at once,
+    naming the path, before it reads or writes anything."""
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            path = pathlib.Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = stack.enter_context(open(path.parent / f".{path.name}.lock", "a+"))
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                raise SystemExit(f"{path} is in use by another tvmnorm tune ({holder}): wait for it to end, "
+                                 "or give this run --schedules and --logs of its own") from None
+            f.truncate(0)
+            f.write(f"pid {os.getpid()}")
+            f.flush()
+        yield
+
+
 def tune_main(args, keys) -> None:
-    started = time.time()
     kind = args.target
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
                          "candidates are timed on")
+    with run_lock(schedules_path(kind, args.schedules), pathlib.Path(args.logs) / target_name(kind)):
+        _tune(args, keys)
+
+
+def _tune(args, keys) -> None:
+    started = time.time()
+    kind = args.target
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
     chunks = chunk_sizes(getattr(args, "chunk_rows", None))
