@@ -631,6 +631,26 @@ def test_a_retune_makes_records_due_and_keeps_what_it_found_again(tmp_path, caps
     assert "gone.json does not exist" in capsys.readouterr().err
 
 
+def test_a_schedules_file_rewritten_in_place_survives_an_interrupt(tmp_path, monkeypatch):
+    """due-again (and merge and accept, whose --out may be the committed file) rewrote a
+    schedules file with write_text: an interrupt mid-write left it cut, its records lost. Now
+    the new text goes to a temporary file that replaces the old one whole."""
+    from tvmnorm import tune
+    key = NormKey(stage="bwd", hidden_size=1024)
+    path = tmp_path / "cuda-sm_90.json"
+    path.write_text(json.dumps({"target": {"kind": "cuda"}, "records": {f"{key.pack():#x}": {"key": key.name,
+                                                                                            "trials": 48}}}))
+    before = path.read_bytes()
+
+    def cut(data, f, **kw):
+        f.write(json.dumps(data)[:20])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tune.json, "dump", cut)
+    with pytest.raises(KeyboardInterrupt):
+        tune.due_again_main([str(path), "--keys", f"{key.pack():#x}"])
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def _default_candidate(key, part, rows=256):
     from tvmnorm._tvm import ms, target
     from tvmnorm.sched.default import default_schedule

@@ -76,14 +76,25 @@ def load_records(kind: str, root=None) -> dict:
 
 def save_records(kind: str, records: dict, root=None) -> None:
     from ._tvm import FFI_VERSION, TVM_VERSION
-    path = schedules_path(kind, root)
+    write_schedules(schedules_path(kind, root), {
+        "target": target_spec(kind), "tvm_version": TVM_VERSION, "ffi_version": FFI_VERSION,
+        "records": {f"{k:#x}": v for k, v in sorted(records.items())}})
+
+
+def write_schedules(path, data: dict) -> None:
+    """A schedules file written whole: to a temporary file beside it, then moved over it, so an
+    interrupt leaves the old file or the new one, never a cut one (accept, merge and due-again
+    rewrite committed files in place)."""
+    path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"target": target_spec(kind), "tvm_version": TVM_VERSION, "ffi_version": FFI_VERSION,
-            "records": {f"{k:#x}": v for k, v in sorted(records.items())}}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def tuning_func(key: NormKey, part: str, rows: int, kind: str, chunk_rows: int | None = None):
@@ -913,7 +924,7 @@ def accept_main(argv=None) -> int:
     data["records"] = {f"{k:#x}": v for k, v in sorted(kept.items())}
     if accepted is not None:
         data["changes"] = accept_changes(accepted, kept, records)
-    pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
+    write_schedules(args.out, data)
     print(f"kept {len(kept)} of {len(records)} records -> {args.out}")
     if args.rejected:
         # the traces the tune chose and the library turned down: the two leases that looked into
@@ -1147,7 +1158,7 @@ def due_again_main(argv=None) -> int:
     data = json.loads(path.read_text())
     keys = keys_from_args(args)
     hit = due_again(data["records"], keys)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    write_schedules(path, data)
     print(f"{len(hit)} of {len(keys)} selected keys had records; they are due again -> {path}")
     return 0
 
@@ -1167,7 +1178,7 @@ def merge_main(argv=None) -> int:
     data["records"], dropped = merge_accepted(committed, runs)
     for k in sorted(dropped):
         print(f"left out {committed[k]['key']}: a job's accept dropped it")
-    pathlib.Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=True))
+    write_schedules(args.out, data)
     print(f"{len(data['records'])} records from {len(runs)} accepted files -> {args.out}")
     return 0
 
