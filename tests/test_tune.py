@@ -153,11 +153,17 @@ def test_tune_llvm_end_to_end_and_resume(tmp_path, rng, seed):
     sched_file = next((tmp_path / "sch").glob("llvm-*.json"))
     assert json.loads(sched_file.read_text())["records"] == sched["records"]
     # a run interrupted after measuring but before writing schedules/: the next run recovers the
-    # keys from the database instead of tuning them again
+    # keys from the database instead of tuning them again; one killed while appending a record
+    # left it cut short, which is set aside (every open of the database failed on it before)
     sched_file.unlink()
+    work = tmp_path / "logs" / sched_file.stem
+    with open(work / "database_tuning_record.json", "ab") as f:
+        f.write(b'[0,[[["GetSBlock",[],["root"')
     r = tvmnorm("tune", *common, "--no-build")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recovered 2 keys" in r.stderr and "tuning 0 of 2 keys" in r.stderr, r.stderr[-2000:]
+    assert "database_tuning_record.json: its last line was cut short" in r.stderr, r.stderr[-2000:]
+    assert (work / "database_tuning_record.json.cut").read_bytes() == b'[0,[[["GetSBlock",[],["root"\n'
     assert json.loads(sched_file.read_text())["records"] == sched["records"]
     # a run stopped short of --trials (a lease's time limit): --min-trials takes the best of what
     # was measured, --recover-only builds the library without tuning, and the records say how
@@ -649,6 +655,16 @@ def test_a_schedules_file_rewritten_in_place_survives_an_interrupt(tmp_path, mon
     with pytest.raises(KeyboardInterrupt):
         tune.due_again_main([str(path), "--keys", f"{key.pack():#x}"])
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+    # written whole, the file keeps its mode (mkstemp's 0600 made a shared schedules/ unreadable
+    # to others), and a new one gets the umask's
+    monkeypatch.undo()
+    path.chmod(0o640)
+    assert tune.due_again_main([str(path), "--keys", f"{key.pack():#x}"]) == 0
+    assert read_records(path)[key.pack()]["trials"] == 0 and path.stat().st_mode & 0o777 == 0o640
+    tune.save_records("llvm", {}, tmp_path / "new")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert tune.schedules_path("llvm", tmp_path / "new").stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def _default_candidate(key, part, rows=256):

@@ -81,6 +81,12 @@ def save_records(kind: str, records: dict, root=None) -> None:
         "records": {f"{k:#x}": v for k, v in sorted(records.items())}})
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_schedules(path, data: dict) -> None:
     """A schedules file written whole: to a temporary file beside it, then moved over it, so an
     interrupt leaves the old file or the new one, never a cut one (accept, merge and due-again
@@ -91,6 +97,8 @@ def write_schedules(path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
+        # mkstemp's file is its owner's alone (0600): keep the file's mode, or a new file's
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -212,7 +220,7 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
                                                   postprocs=_postprocs(kind, owner[task][0].stage), mutator_probs={})
               for task in funcs}
-    db = ms.database.JSONDatabase(work_dir=str(work))
+    db = open_database(work)
     seeded, kept, peers = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
     _say(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
          + (f", and {kept} committed records" if kept else "")
@@ -588,17 +596,47 @@ def _tasks(keys, kind, rows, chunks=None, records=None):
     return funcs, owner
 
 
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def open_database(work: pathlib.Path):
+    """MetaSchedule's JSON database in ``work``, a line its files end with cut short set aside
+    first. A run killed while it appends a line (a lease's timeout) leaves the line without its
+    newline, and every later open then failed ("parallel_for_dynamic error with Unexpected
+    EOF"), the records before it out of reach of tune and its recovery. The cut text goes to
+    <file>.cut, with a word on stderr; the records before it open as they were."""
+    from ._tvm import ms
+    for name in DATABASE_FILES:
+        path = work / name
+        if not path.exists():
+            continue
+        with open(path, "rb+") as f:
+            data = f.read()
+            end = data.rfind(b"\n") + 1
+            if end == len(data):
+                continue
+            with open(path.with_name(path.name + ".cut"), "ab") as aside:
+                aside.write(data[end:] + b"\n")
+                aside.flush()
+                os.fsync(aside.fileno())
+            f.truncate(end)
+        kept = data.count(b"\n")
+        _say(f"{path}: its last line was cut short (a run stopped while writing it); set aside in "
+             f"{path.name}.cut, the {kept} lines before it kept")
+    return ms.database.JSONDatabase(work_dir=str(work))
+
+
 def recover_records(keys, kind: str, trials: int, logs: pathlib.Path, rows: int | None, chunks=None,
                     records=None) -> dict:
     """Records for keys an interrupted run measured but never wrote to schedules/: every task
     of the key (its chunk sizes as the run drew them: ``chunks`` and the keys' ``records``) has
     at least ``trials`` candidates in the database. A record's ``trials`` is how many its tasks
     had (the fewest over its tasks)."""
-    from ._tvm import ms, target
+    from ._tvm import target
     work = logs / target_name(kind)
     if not (work / "database_tuning_record.json").exists():
         return {}
-    db = ms.database.JSONDatabase(work_dir=str(work))
+    db = open_database(work)
     funcs, owner = _tasks(keys, kind, rows, chunks, records)
     return _best_records(db, funcs, owner, target(target_spec(kind)), trials, need=trials)
 
