@@ -770,9 +770,9 @@ def _tune(args, keys) -> None:
             continue
         records.update(found)
         save_records(kind, records, args.schedules)  # after every batch: an interrupt loses little
-    _bar(len(todo), len(todo), t0, "done")
-    _end_bar()
     if todo:  # the yardstick: seconds per key, search, builds and measurements together
+        _bar(len(todo), len(todo), t0, "done")
+        _end_bar()
         spent = time.time() - t0
         print(f"tuned {len(todo)} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key", file=sys.stderr)
     if not args.no_build:
