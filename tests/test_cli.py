@@ -154,6 +154,34 @@ def test_search_quality_lines_up_the_tasks_of_two_runs():
     assert "l29-rms" in block[0] and "l30-bwd" in block[1] and all("n= 4" in ln for ln in block), block
 
 
+def test_build_and_tune_never_replace_a_folder_that_is_not_a_library(tmp_path, capsys):
+    """A build replaces its --out folder whole (the new library is moved in at once): `--out .`
+    or `--out schedules` deleted what the folder held. A folder holding anything but a library's
+    files stops build, and tune before it searches; a library's folder is rebuilt in place, and
+    a folder beside it named like the old one's temporary copy is left alone."""
+    from tvmnorm.cli import main
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    common = ["--target", "llvm", "--hidden", "64", "--norms", "rmsnorm", "--stages", "fwd", "--dtypes", "fp32"]
+    for args in (["build", *common, "--out", str(user)],
+                 ["tune", *common, "--trials", "1", "--logs", str(tmp_path / "logs"), "--schedules",
+                  str(tmp_path / "sch"), "--out", str(user)]):
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        assert f"--out: {user} holds files that are not a tvmnorm library's (notes.txt)" in str(stop.value.code)
+    assert [p.name for p in user.iterdir()] == ["notes.txt"] and (user / "notes.txt").read_text() == "keep me"
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "sch").exists()
+    lib = tmp_path / "lib"
+    (tmp_path / "lib.old").mkdir()
+    (tmp_path / "lib.old" / "notes.txt").write_text("keep me too")
+    for _ in range(2):
+        main(["build", *common, "--no-tuned", "--layouts", "compact", "--out", str(lib)])
+    assert sorted(p.name for p in lib.iterdir()) == [LIBRARY, MANIFEST]
+    assert (tmp_path / "lib.old" / "notes.txt").read_text() == "keep me too"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lib", "lib.old", "mine"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["tune", "--hidden", "0"], "--hidden sizes must be in [1, 1048576], got '0'"),
     (["tune", "--hidden", "64,2000000"], "--hidden sizes must be in [1, 1048576], got '64,2000000'"),

@@ -313,6 +313,23 @@ def compile_funcs(funcs: dict, kind: str, arch: str | None = None):
     return ex
 
 
+def check_out_dir(out_dir) -> None:
+    """A library's folder is replaced whole by the next build there, so ``out_dir`` must be new,
+    empty or a library's: a folder holding anything else (``--out .``, ``--out schedules``) was
+    deleted with it. Raises ValueError naming what it holds."""
+    out_dir = pathlib.Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"{out_dir} is a file, not a library's folder")
+    ours = {MANIFEST, RECORDS} | {layout_library(layout) for layout in X_LAYOUTS}
+    other = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
+    if other:
+        raise ValueError(f"{out_dir} holds files that are not a tvmnorm library's ({', '.join(other[:3])}"
+                         f"{', ...' if len(other) > 3 else ''}), which a build there would delete: give it a new "
+                         "or empty folder")
+
+
 def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: str | None = None,
                   log=print, jobs: int | None = None, layouts=("compact",)) -> dict:
     """Compile ``keys`` into ``out_dir``/libtvmnorm.so + manifest.json; returns the manifest.
@@ -329,6 +346,7 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
     records = records or {}
     layouts = checked_layouts(layouts)
     out_dir = pathlib.Path(out_dir)
+    check_out_dir(out_dir)
     keys = list(dict.fromkeys(keys))
     funcs, entries = {layout: {} for layout in layouts}, []
     for key in keys:
@@ -374,9 +392,10 @@ def build_library(keys, kind: str, out_dir, records: dict | None = None, arch: s
         if kept:
             (tmp / RECORDS).write_text(json.dumps(kept))
         if out_dir.exists():
-            old = out_dir.with_name(out_dir.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            out_dir.rename(old)
+            check_out_dir(out_dir)  # again: files may have come in while it compiled
+            # a name of its own beside it, never a fixed one a user's folder may have
+            old = pathlib.Path(tempfile.mkdtemp(prefix=".tvmnorm-old-", dir=out_dir.parent))
+            out_dir.rename(old / "library")
             tmp.rename(out_dir)
             shutil.rmtree(old, ignore_errors=True)
         else:

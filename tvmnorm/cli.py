@@ -128,7 +128,7 @@ def _records_for(kind, root=None):
 
 
 def cmd_build(args):
-    from .build import build_library
+    from .build import build_library, check_out_dir
     from .runtime import DEFAULT_LIBRARY_ROOT
     if args.arch:
         if args.target != "cuda":
@@ -150,6 +150,10 @@ def cmd_build(args):
         keys = [NormKey.unpack(p) for p in records]
         check_arch(keys, args.target)
     out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
+    try:
+        check_out_dir(out)
+    except ValueError as e:
+        raise SystemExit(f"--out: {e}") from None
     build_library(keys, args.target, out, records=records, jobs=args.jobs, layouts=args.layouts)
 
 

@@ -710,8 +710,19 @@ def tune_main(args, keys) -> None:
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
                          "candidates are timed on")
+    if not args.no_build:
+        from .build import check_out_dir
+        try:
+            check_out_dir(_library_out(args))  # now, not after the search
+        except ValueError as e:
+            raise SystemExit(f"--out: {e}") from None
     with run_lock(schedules_path(kind, args.schedules), pathlib.Path(args.logs) / target_name(kind)):
         _tune(args, keys)
+
+
+def _library_out(args) -> pathlib.Path:
+    from .runtime import DEFAULT_LIBRARY_ROOT
+    return pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
 
 
 def _tune(args, keys) -> None:
@@ -777,9 +788,7 @@ def _tune(args, keys) -> None:
         print(f"tuned {len(todo)} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key", file=sys.stderr)
     if not args.no_build:
         from .build import build_library
-        from .runtime import DEFAULT_LIBRARY_ROOT
-        out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / kind
-        build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
+        build_library(keys, kind, _library_out(args), records=records, layouts=getattr(args, "layouts", "all"))
 
 
 def _bench_runs(bench: dict) -> dict:
