@@ -81,24 +81,20 @@ def save_records(kind: str, records: dict, root=None) -> None:
         "records": {f"{k:#x}": v for k, v in sorted(records.items())}})
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_schedules(path, data: dict) -> None:
     """A schedules file written whole: to a temporary file beside it, then moved over it, so an
     interrupt leaves the old file or the new one, never a cut one (accept, merge and due-again
-    rewrite committed files in place)."""
+    rewrite committed files in place). It keeps the old file's mode; a new one gets the umask's
+    (mkstemp's 0600 made a shared schedules/ unreadable to others)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules-")
+    tmp = path.parent / f".schedules-{os.getpid()}-{time.monotonic_ns()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
-        # mkstemp's file is its owner's alone (0600): keep the file's mode, or a new file's
-        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
