@@ -595,13 +595,14 @@ def _tasks(keys, kind, rows, chunks=None, records=None):
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
-def open_database(work: pathlib.Path):
+def open_database(work):
     """MetaSchedule's JSON database in ``work``, a line its files end with cut short set aside
     first. A run killed while it appends a line (a lease's timeout) leaves the line without its
     newline, and every later open then failed ("parallel_for_dynamic error with Unexpected
     EOF"), the records before it out of reach of tune and its recovery. The cut text goes to
     <file>.cut, with a word on stderr; the records before it open as they were."""
     from ._tvm import ms
+    work = pathlib.Path(work)
     for name in DATABASE_FILES:
         path = work / name
         if not path.exists():
@@ -706,6 +707,12 @@ def tune_main(args, keys) -> None:
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
                          "candidates are timed on")
+    # a schedules file that does not parse stops the run before it leaves a trace (the lock's
+    # files); the run reads it again under the lock
+    try:
+        load_records(kind, args.schedules)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if not args.no_build:
         from .build import check_out_dir
         try:
