@@ -115,13 +115,10 @@ def check_arch(keys, target: str) -> None:
 def _records_for(kind, root=None):
     """The records a build takes; a --schedules directory that is not there is a typo to stop
     at, not a build of default schedules only."""
-    from .tune import load_records, schedules_path
+    from .tune import records_or_stop, schedules_path
     if root is not None and not pathlib.Path(root).is_dir():
         raise SystemExit(f"--schedules {root}: no such directory")
-    try:
-        records = load_records(kind, root)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    records = records_or_stop(kind, root)
     if root is not None and not records:
         print(f"no records in {schedules_path(kind, root)}: building the default schedules", file=sys.stderr)
     return records

@@ -74,6 +74,15 @@ def load_records(kind: str, root=None) -> dict:
     return read_records(schedules_path(kind, root))
 
 
+def records_or_stop(kind: str, root=None) -> dict:
+    """load_records for the command line: a schedules file that does not parse ends the command
+    with its message (tune would otherwise write its records over the file's)."""
+    try:
+        return load_records(kind, root)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
 def save_records(kind: str, records: dict, root=None) -> None:
     from ._tvm import FFI_VERSION, TVM_VERSION
     write_schedules(schedules_path(kind, root), {
@@ -709,10 +718,7 @@ def tune_main(args, keys) -> None:
                          "candidates are timed on")
     # a schedules file that does not parse stops the run before it leaves a trace (the lock's
     # files); the run reads it again under the lock
-    try:
-        load_records(kind, args.schedules)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    records_or_stop(kind, args.schedules)
     if not args.no_build:
         from .build import check_out_dir
         try:
@@ -734,10 +740,7 @@ def _tune(args, keys) -> None:
     logs = pathlib.Path(args.logs)
     rows = args.rows  # None: tune_rows per key
     chunks = chunk_sizes(getattr(args, "chunk_rows", None))
-    try:
-        records = load_records(kind, args.schedules)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    records = records_or_stop(kind, args.schedules)
     todo = due_keys(keys, records, kind, args.trials, rows)
     least = getattr(args, "min_trials", None) or args.trials
     recovered = recover_records(todo, kind, least, logs, rows, chunks, records) if todo else {}
