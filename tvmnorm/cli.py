@@ -124,9 +124,21 @@ def _records_for(kind, root=None):
     return records
 
 
-def cmd_build(args):
-    from .build import build_library, check_out_dir
+def library_out(args) -> pathlib.Path:
+    """--out of build and tune (default: the package's library), checked before any work: a
+    build replaces the folder whole."""
+    from .build import check_out_dir
     from .runtime import DEFAULT_LIBRARY_ROOT
+    out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
+    try:
+        check_out_dir(out)
+    except ValueError as e:
+        raise SystemExit(f"--out: {e}") from None
+    return out
+
+
+def cmd_build(args):
+    from .build import build_library
     if args.arch:
         if args.target != "cuda":
             raise SystemExit(f"--arch is a CUDA GPU's (sm_80, sm_90, ...); --target is {args.target}")
@@ -146,12 +158,7 @@ def cmd_build(args):
     if args.tuned_only:
         keys = [NormKey.unpack(p) for p in records]
         check_arch(keys, args.target)
-    out = pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
-    try:
-        check_out_dir(out)
-    except ValueError as e:
-        raise SystemExit(f"--out: {e}") from None
-    build_library(keys, args.target, out, records=records, jobs=args.jobs, layouts=args.layouts)
+    build_library(keys, args.target, library_out(args), records=records, jobs=args.jobs, layouts=args.layouts)
 
 
 def cmd_list(args):

@@ -719,22 +719,14 @@ def tune_main(args, keys) -> None:
     # a schedules file that does not parse stops the run before it leaves a trace (the lock's
     # files); the run reads it again under the lock
     records_or_stop(kind, args.schedules)
-    if not args.no_build:
-        from .build import check_out_dir
-        try:
-            check_out_dir(_library_out(args))  # now, not after the search
-        except ValueError as e:
-            raise SystemExit(f"--out: {e}") from None
+    from .cli import library_out
+    out = None if args.no_build else library_out(args)  # checked now, not after the search
     with run_lock(schedules_path(kind, args.schedules), pathlib.Path(args.logs) / target_name(kind)):
-        _tune(args, keys)
+        _tune(args, keys, out)
 
 
-def _library_out(args) -> pathlib.Path:
-    from .runtime import DEFAULT_LIBRARY_ROOT
-    return pathlib.Path(args.out) if args.out else DEFAULT_LIBRARY_ROOT / args.target
-
-
-def _tune(args, keys) -> None:
+def _tune(args, keys, out: pathlib.Path | None) -> None:
+    """tune_main's run, under its lock; ``out``: the library to build (None: --no-build)."""
     started = time.time()
     kind = args.target
     logs = pathlib.Path(args.logs)
@@ -792,9 +784,9 @@ def _tune(args, keys) -> None:
         _end_bar()
         spent = time.time() - t0
         print(f"tuned {len(todo)} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key", file=sys.stderr)
-    if not args.no_build:
+    if out is not None:
         from .build import build_library
-        build_library(keys, kind, _library_out(args), records=records, layouts=getattr(args, "layouts", "all"))
+        build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
 
 
 def _bench_runs(bench: dict) -> dict:
