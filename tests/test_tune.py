@@ -1497,3 +1497,31 @@ def test_with_hoist_inits_sets_the_knob_of_a_record_tuned_with_or_before_it():
     assert hoist_inits_of(with_hoist_inits(old)) == 1 and hoist_inits_of(with_hoist_inits(with_hoist_inits(old), 0)) == 0
     with pytest.raises(ValueError, match="hoist_inits must be 0 or 1"):
         with_hoist_inits(old, 2)
+
+
+def test_tune_with_a_failed_batch_says_so_and_exits_nonzero(tmp_path, monkeypatch, capsys):
+    """A batch that fails is printed and the others go on; the run ends with status 1 and names
+    the keys that failed (they stay due), after saving the others' records: a script must not take
+    a run whose keys fell back to the default schedule for a tuned one."""
+    import argparse
+    from tvmnorm import tune
+    keys = [NormKey(hidden_size=h, itype="fp32", wtype="fp32", otype="fp32") for h in (384, 512)]
+    monkeypatch.setattr(tune, "preflight", lambda key, kind, rows: (1.0, None))
+
+    def tune_batch(group, kind, *a, **kw):
+        if group[0].hidden_size == 384:
+            raise RuntimeError("broken on purpose")
+        return {k.pack(): {"parts": {}, "trials": 2} for k in group}
+    monkeypatch.setattr(tune, "tune_batch", tune_batch)
+    args = argparse.Namespace(target="llvm", logs=str(tmp_path / "logs"), rows=256, chunk_rows=None,
+                              schedules=str(tmp_path / "sch"), trials=2, min_trials=None, recover_only=False,
+                              batch=1, time_limit=None, key_seconds=None, seed=1, build_workers=1,
+                              overlap_builds=False, no_build=True)
+    with pytest.raises(SystemExit) as stop:
+        tune.tune_main(args, keys)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "failed: broken on purpose" in err
+    assert re.search(rf"tuned 1 keys in \d+ s.*; 1 of 2 failed \(above\) and stay due: {keys[0].name}", err), err
+    saved = json.loads(next((tmp_path / "sch").glob("llvm-*.json")).read_text())["records"]
+    assert {int(k, 16) for k in saved} == {keys[1].pack()}

@@ -759,6 +759,7 @@ def _tune(args, keys, out: pathlib.Path | None) -> None:
         print(f"preflight: {todo[0].name} default schedule {us:.1f} us{how}", file=sys.stderr)
     t0 = time.time()
     batch = max(1, args.batch)
+    failed = []
     for i in range(0, len(todo), batch):
         group = todo[i:i + batch]
         late = batch_past_limit(len(group), time.time() - started, time.time() - t0, i,
@@ -776,6 +777,7 @@ def _tune(args, keys, out: pathlib.Path | None) -> None:
             raise SystemExit(2)
         except Exception as e:  # noqa: BLE001 - one batch's failure must not lose the others
             _say(f"tuning {[k.name for k in group]} failed: {e}")
+            failed += group
             continue
         records.update(found)
         save_records(kind, records, args.schedules)  # after every batch: an interrupt loses little
@@ -783,10 +785,15 @@ def _tune(args, keys, out: pathlib.Path | None) -> None:
         _bar(len(todo), len(todo), t0, "done")
         _end_bar()
         spent = time.time() - t0
-        print(f"tuned {len(todo)} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key", file=sys.stderr)
+        done = len(todo) - len(failed)
+        print(f"tuned {done} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key"
+              + (f"; {len(failed)} of {len(todo)} failed (above) and stay due: "
+                 f"{', '.join(k.name for k in failed)}" if failed else ""), file=sys.stderr)
     if out is not None:
         from .build import build_library
         build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
+    if failed:  # the library serves them the default schedule; a script must not take this for success
+        raise SystemExit(1)
 
 
 def _bench_runs(bench: dict) -> dict:
