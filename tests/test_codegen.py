@@ -124,6 +124,42 @@ def test_hoist_inits_is_a_dx_schedule():
         cuda_source(NormKey(hidden_size=1024), row_config=CudaRowConfig(threads=128, vec=8, hoist_inits=1))
 
 
+@pytest.mark.parametrize("key,cfg", [
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=8192), dict(threads=512, vec=8, min_blocks=2, full_chunks=1)),
+    (NormKey(stage="bwd", hidden_size=4096), dict(threads=256, rows=2, vec=8, prefetch=2, hoist_inits=1)),
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=2048), dict(threads=128, vec=8, prefetch=2, stages=2,
+                                                                    staged=True)),
+    (NormKey(stage="bwd_add", hidden_size=4095, itype="fp16", wtype="fp16", otype="fp16"), dict(threads=1024, vec=1))])
+def test_shared_sums_give_each_thread_its_own_slots_without_barriers(key, cfg):
+    """shared_sums moves the dx kernel's running sums from registers (a local array) into dynamic
+    shared memory, sum k of thread t at k * threads + t (t over every chunk lane of the block),
+    with the same barriers as the kernel that keeps them in registers: the row sums' alone. Its
+    launch asks for the bytes (above 48 KB the host sets the kernel's limit first)."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    regs = kernel(cuda_source(key, row_config=CudaRowConfig(**cfg)), "dx")
+    src = cuda_source(key, row_config=CudaRowConfig(shared_sums=1, **cfg))
+    body = kernel(src, "dx")
+    threads = cfg["threads"] * cfg.get("rows", 1)
+    sums = int(re.search(r"float part_local_ptr\[(\d+)\]", regs).group(1))
+    assert "part_local_ptr" not in body and f"float part_local_ptr[{sums}]" in regs
+    assert re.search(r"extern __shared__ __align__\(\d+\) float part_local_shared_ptr\[\];", body)
+    assert body.count("__syncthreads()") == regs.count("__syncthreads()")
+    slots = set(re.findall(r"part_local_shared_ptr\[([^\]]+)\]", body))
+    lane = rf"threadIdx\.y\)+ \* (\(int64_t\))?{cfg['threads']}\b"
+    assert all("threadIdx.x" in i and ("rows" not in cfg or re.search(lane, i)) for i in slots), slots
+    offsets = {int(m.group(1)) if (m := re.search(r" \+ \(int64_t\)(\d+)\)$| \+ (?:\(int64_t\))?(\d+)\)$", i)) and
+               m.group(1) else int(m.group(2)) if m else 0 for i in slots}
+    assert offsets == {k * threads for k in range(sums)}, sorted(offsets)
+
+
+def test_shared_sums_are_a_dx_schedule():
+    from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="shared_sums is a dx schedule"):
+        cuda_source(NormKey(hidden_size=1024), row_config=CudaRowConfig(threads=128, vec=8, shared_sums=1))
+    with pytest.raises(ValueError, match="shared_sums must be 0 or 1"):
+        CudaRowConfig(shared_sums=2)
+
+
 def test_finalize_splits_the_partials_over_lanes():
     """Many partials (QK-norm: 8192 at 524288 rows of 128) are summed by many threadIdx.y lanes
     per column (finalize_split) and a fixed-order tree, not one serial thread per column."""

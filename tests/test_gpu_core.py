@@ -396,6 +396,27 @@ def test_cuda_dx_hoisting_the_sums_init(norm, stage, dtype, hidden, cfg, group, 
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("rows", (1, "T-1", "T", "T+1", 4097, 16384))
+@pytest.mark.parametrize("norm,stage,dtype,hidden,cfg", [
+    ("layernorm", "bwd", "bf16", 8192, dict(threads=512, vec=8, min_blocks=2, full_chunks=1, hoist_inits=1)),
+    ("layernorm", "bwd", "bf16", 7168, dict(threads=512, vec=8, chunk_weights=True, min_blocks=2, full_chunks=1)),
+    ("rmsnorm", "bwd", "bf16", 4096, dict(threads=256, rows=2, vec=8, prefetch=2, min_blocks=2)),
+    ("layernorm", "bwd_add", "fp32", 1000, dict(threads=128, rows=2, vec=4, prefetch=2, stages=2)),
+    ("layernorm", "bwd", "bf16", 2048, dict(threads=128, vec=8, prefetch=2, stages=2, staged=True, full_chunks=1)),
+    ("rmsnorm", "bwd_add", "fp16", 4095, dict(threads=1024, vec=1, prefetch=1)),
+    ("layernorm", "bwd", "fp16", 128, dict(threads=16, rows=8, vec=8, prefetch=4))])
+def test_cuda_dx_sums_in_shared_memory(norm, stage, dtype, hidden, cfg, rows, rng, seed):
+    """The dx kernel keeping its running sums in shared memory (shared_sums, _tvm.SHARED_SUMS: a
+    slot of each thread's own per sum, no barrier; 64 KB of dynamic shared memory at layernorm
+    8192): right against float64 with one row, a chunk one row short of T, exactly T, one past it,
+    a last chunk of one row and whole chunks only, two blocks an SM, several chunk lanes a block
+    (their slots apart), pipelined, staged, gamma held, a column tail (1000, 4095) and bwd_add."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, stage=stage, itype=dtype, wtype=dtype, otype=dtype, hidden_size=hidden)
+    kernel = variant_kernel(key, "cuda", CudaRowConfig(shared_sums=1, **cfg))
+    run_and_check(lambda _: kernel, key, rows, rng, seed)
+
+
 @pytest.mark.parametrize("rows", (1, "T-1", "T", "T+1", 4097))
 @pytest.mark.parametrize("norm,stage,dtype,hidden,cfg", [
     ("layernorm", "bwd", "bf16", 8192, dict(threads=512, vec=8, prefetch=2, full_chunks=1)),

@@ -942,16 +942,17 @@ def test_forked_build_round_that_hangs_fails_instead_of_stalling(monkeypatch):
 def test_search_population_follows_the_space_size():
     """The population drawn each round is the space's size (32..256): the fused CUDA backward's
     ~100-370 points over 67-134 design spaces took ~9 s per task and round to draw at 256. The
-    backward's min_blocks, full_chunks and hoist_inits factors are left out of it
+    backward's min_blocks, full_chunks, hoist_inits and shared_sums factors are left out of it
     (population_points): they would make a batch's population 352 instead of 32 and the draw
     ~10x longer, for rounds that measure 8."""
-    from tvmnorm.sched.space import (FULL_CHUNKS, HOIST_INITS, MIN_BLOCKS, STREAM, fwd_kept_variants, kept_guarded,
-                                     population_points, space_size)
+    from tvmnorm.sched.space import (FULL_CHUNKS, HOIST_INITS, MIN_BLOCKS, SHARED_SUMS, STREAM, fwd_kept_variants,
+                                     kept_guarded, population_points, space_size)
     from tvmnorm.tune import _search
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=4096)
     assert 32 < population_points(bwd, "cuda") < 256
     assert population_points(bwd, "cuda") < space_size(bwd, "cuda") <= (
-        len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(HOIST_INITS) * len(STREAM) * population_points(bwd, "cuda"))
+        len(MIN_BLOCKS) * len(FULL_CHUNKS) * len(HOIST_INITS) * len(SHARED_SUMS) * len(STREAM)
+        * population_points(bwd, "cuda"))
     assert _search(population_points(bwd, "cuda")).population_size == population_points(bwd, "cuda")
     ln8192 = NormKey(norm="layernorm", stage="bwd", hidden_size=8192, itype="fp32", otype="fp32", wtype="fp32")
     assert population_points(ln8192, "cuda") < 32 and _search(population_points(ln8192, "cuda")).population_size == 32
@@ -1090,12 +1091,13 @@ def test_fused_space_samples_only_valid_block_sizes():
     threads, and the space's size counts exactly those (7 variants x 5 lanes at hidden 7168
     held 20 invalid points, which MetaSchedule kept sampling to find the 15 valid ones)."""
     from tvmnorm.sched.space import (FULL_CHUNKS, HOIST_INITS, ROWS, STREAM, fused_cuda_variants, fused_rows,
-                                     min_blocks_choices, space_size)
+                                     min_blocks_choices, shared_sums_choices, space_size)
     bwd = NormKey(norm="layernorm", stage="bwd", hidden_size=7168)
     variants = fused_cuda_variants(bwd)
     assert all(v[0] * r <= 1024 for v in variants for r in fused_rows(v[0]))
-    assert space_size(bwd, "cuda") == sum(len(fused_rows(t)) * len(min_blocks_choices(t)) * len(FULL_CHUNKS)
-                                          * len(HOIST_INITS) * len(STREAM) for t, *_ in variants)
+    assert space_size(bwd, "cuda") == sum(len(fused_rows(v[0])) * len(min_blocks_choices(v[0])) * len(FULL_CHUNKS)
+                                          * len(HOIST_INITS) * len(shared_sums_choices(bwd, v)) * len(STREAM)
+                                          for v in variants)
     assert sum(len(fused_rows(v[0])) for v in variants) < len(variants) * len(ROWS)
     assert fused_rows(1024) == [1] and fused_rows(16) == list(ROWS)
     # an SM holds 2048 threads: a lane of 1024 threads may ask for 2 blocks, of 448 for 4

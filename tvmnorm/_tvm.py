@@ -1147,29 +1147,130 @@ MIN_BLOCKS_PER_SM = "tvmnorm.min_blocks_per_sm"
 LAUNCH_BOUNDS_ATTR = "tirx.launch_bounds_min_blocks_per_sm"
 
 
-def _launch_bounds(mod):
-    """``mod`` with every MIN_BLOCKS_PER_SM annotation made a LAUNCH_BOUNDS_ATTR statement;
-    ``mod`` itself where there is none (a rebuilt module orders its kernels otherwise)."""
+# SHARED_SUMS = 1 on a loop of the fused dx kernel (CudaRowConfig.shared_sums) keeps its running
+# dgamma (and dbeta) sums in shared memory instead of registers. The layernorm dx holds 2 sums an
+# element of its columns besides the rows it walks: at 8192 ptxas puts the 512-thread variants at
+# 118-128 registers (one block an SM, 16 warps; the Nsight Compute reports found the walk bound by
+# load latency at that occupancy), and capped at 64 registers for two blocks it spills 400-2000
+# bytes; with the sums in shared memory the same points fit 64 registers without a spill
+# (bench/results/h200-run49/). Each thread keeps its sums in slots of its own, sum k of thread t at
+# k * threads + t (a warp's 32 accesses fall in 32 banks), so no thread ever reads another's slot
+# and no barrier is needed; but TVM's ThreadSync cannot see that and put one between every pair
+# of accesses when the buffer was given a shared scope in the schedule (twelfth lease). So the
+# schedule keeps the sums "local" (``_cuda_partials``' per-thread layout), compile_module turns
+# the annotation into the function attribute, and _shared_sums moves the buffer after ThreadSync
+# has run. The scope is shared.dyn: 512 threads' sums at 8192 take 64 KB, over the 48 KB a block
+# may hold statically (TVM's launch sets the kernel's dynamic shared memory limit).
+SHARED_SUMS = "tvmnorm.shared_sums"
+# the running sums' buffer (the cache_write of sched.rows.PART_BLOCK's "part")
+SUMS_BUFFER = "part_local"
+
+
+def _loop_marks(mod):
+    """``mod`` with every MIN_BLOCKS_PER_SM annotation made a LAUNCH_BOUNDS_ATTR statement and
+    every SHARED_SUMS annotation a function attribute (kept where it is 1, dropped where 0);
+    ``mod`` itself where there is neither (a rebuilt module orders its kernels otherwise)."""
     marked = []
 
-    def wrap(loop):
-        if MIN_BLOCKS_PER_SM not in loop.annotations:
-            return loop
-        marked.append(loop)
-        k = int(loop.annotations[MIN_BLOCKS_PER_SM])
-        annotations = {a: v for a, v in loop.annotations.items() if a != MIN_BLOCKS_PER_SM}
-        body = loop.body
-        if k > 1:
-            body = tirx.AttrStmt(tirx.const(0, "int32"), LAUNCH_BOUNDS_ATTR, tirx.const(k, "int32"), body)
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
-                        loop.step, loop.span)
-    funcs = {gv: f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, wrap)])) if isinstance(f, PrimFunc) else f
-             for gv, f in mod.functions_items()}
+    def unmark(func):
+        shared = []
+
+        def wrap(loop):
+            if MIN_BLOCKS_PER_SM not in loop.annotations and SHARED_SUMS not in loop.annotations:
+                return loop
+            marked.append(loop)
+            annotations = {a: v for a, v in loop.annotations.items() if a not in (MIN_BLOCKS_PER_SM, SHARED_SUMS)}
+            body = loop.body
+            if SHARED_SUMS in loop.annotations:
+                shared.append(int(loop.annotations[SHARED_SUMS]))
+            if MIN_BLOCKS_PER_SM in loop.annotations and int(loop.annotations[MIN_BLOCKS_PER_SM]) > 1:
+                body = tirx.AttrStmt(tirx.const(0, "int32"), LAUNCH_BOUNDS_ATTR,
+                                     tirx.const(int(loop.annotations[MIN_BLOCKS_PER_SM]), "int32"), body)
+            return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
+                            loop.step, loop.span)
+        func = func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, wrap)]))
+        return func.with_attr(SHARED_SUMS, 1) if any(shared) else func
+    funcs = {gv: unmark(f) if isinstance(f, PrimFunc) else f for gv, f in mod.functions_items()}
     return IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos) if marked else mod
 
 
+def _thread_index(func):
+    """(linear thread index within the block, threads a block) of ``func``'s kernel, from its
+    threadIdx launches (x fastest)."""
+    axes = {}
+
+    def launch(attr):
+        if attr.attr_key == "thread_extent" and attr.node.thread_tag.startswith("threadIdx."):
+            axes[attr.node.thread_tag] = (attr.node.var, attr.value)
+    _walk(func.body, tirx.AttrStmt, launch)
+    index, count = None, None
+    for tag in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
+        if tag not in axes:
+            continue
+        var, extent = axes[tag]
+        var = tirx.Cast("int64", var) if str(var.ty) != "int64" else var
+        extent = tirx.const(int(extent), "int64")
+        index = var if index is None else index + count * var
+        count = extent if count is None else count * extent
+    return index, count
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvmnorm.SharedSums")
+def _shared_sums(func, _mod, _ctx):
+    if not func.attrs or SHARED_SUMS not in func.attrs:
+        return func
+    name = func.attrs.get("global_symbol")
+    found = []
+    _walk(func.body, tirx.AllocBuffer, lambda a: found.append(a.buffer) if a.buffer.name == SUMS_BUFFER else None)
+    if len(found) != 1 or found[0].scope() != "local" or len(found[0].shape) != 1:
+        raise RuntimeError(f"{name}: {SHARED_SUMS} on a kernel without one flat local {SUMS_BUFFER} buffer "
+                           f"({[(b.scope(), list(b.shape)) for b in found]})")
+    (old,), (tid, threads) = found, _thread_index(func)
+    if tid is None:
+        raise RuntimeError(f"{name}: {SHARED_SUMS} on a kernel that launches no threads")
+    new = tirx.decl_buffer((old.shape[0] * int(threads),), old.dtype, SUMS_BUFFER + "_shared", scope="shared.dyn")
+
+    def slot(indices):
+        (i,) = indices
+        return [i * tirx.const(int(threads), i.ty) + tirx.Cast(str(i.ty), tid)]
+
+    def load(node):
+        return tirx.BufferLoad(new, slot(node.indices)) if node.source.same_as(old) else node
+
+    def store(node):
+        return tirx.BufferStore(new, node.value, slot(node.indices)) if node.buffer.same_as(old) else node
+
+    def alloc(node):
+        return tirx.AllocBuffer(new) if node.buffer.same_as(old) else node
+    body = tvm_ffi.structural_map(func.body, [(_LOAD, load), (tirx.BufferStore, store), (tirx.AllocBuffer, alloc)])
+    left = []
+    _walk(body, tirx.BufferStore, lambda n: left.append(n) if n.buffer.same_as(old) else None)
+    _walk(body, _LOAD, lambda n: left.append(n) if n.source.same_as(old) else None)
+    if left:
+        raise RuntimeError(f"{name}: {len(left)} accesses of {SUMS_BUFFER} were not moved to shared memory")
+    return func.with_body(body)
+
+
+def _install_shared_sums():
+    """Run _shared_sums right after TVM's ThreadSync("shared.dyn") (the pipeline looks the pass up
+    on s_tir.transform at each build), so that no barrier is planned for the moved sums."""
+    from tvm import s_tir
+    original = s_tir.transform.ThreadSync
+    if getattr(original, "tvmnorm_wrapped", False):
+        return
+
+    def thread_sync(scope):
+        sync = original(scope)
+        return tvm.transform.Sequential([sync, _shared_sums], name="tvmnorm.ThreadSync") if scope == "shared.dyn" else sync
+    thread_sync.tvmnorm_wrapped = True
+    s_tir.transform.ThreadSync = thread_sync
+
+
+_install_shared_sums()
+
+
 def compile_module(mod, tgt):
-    mod = _launch_bounds(mod)
+    mod = _loop_marks(mod)
     with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return tvm.compile(mod, target=tgt)
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, tirx
+from .._tvm import (FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM, SHARED_SUMS, STREAM_LOADS, STREAM_MODES, UNROLL_BY,
+                    Schedule, tirx)
 from ..compute.norms import (ADD_STAGE, FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR,
                              WEIGHT_OPERANDS)
 
@@ -73,6 +74,9 @@ class CudaRowConfig:
     hoist_inits: int = 0      # fused dx only: 1 zeroes the running partial sums once before the
                               # walk over the chunk's rows instead of at its first row's update
                               # (_tvm.HOIST_INITS)
+    shared_sums: int = 0      # fused dx only: 1 keeps the running partial sums in shared memory,
+                              # a slot of each thread's own per sum, instead of registers
+                              # (_tvm.SHARED_SUMS): fewer registers, more blocks an SM
 
     def __post_init__(self):
         # the design space passes MetaSchedule random variables here; only plain ints are checked
@@ -81,8 +85,10 @@ class CudaRowConfig:
         if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         _check_full_chunks(self.full_chunks)
-        if isinstance(self.hoist_inits, int) and self.hoist_inits not in (0, 1):
-            raise ValueError(f"hoist_inits must be 0 or 1, got {self.hoist_inits}")
+        for knob in ("hoist_inits", "shared_sums"):
+            value = getattr(self, knob)
+            if isinstance(value, int) and value not in (0, 1):
+                raise ValueError(f"{knob} must be 0 or 1, got {value}")
         if isinstance(self.stream, int) and self.stream not in STREAM_MODES:
             raise ValueError(f"stream must be one of {STREAM_MODES}, got {self.stream}")
         if self.keep_y and not self.keep_row:
@@ -403,8 +409,11 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
             _cuda_pipeline(sch, group, cfg.stages, copies_async=cfg.staged)
     elif cfg.staged:
         raise ValueError("staged is a dx schedule: a forward's rows are not walked in groups")
-    elif not isinstance(cfg.hoist_inits, int) or cfg.hoist_inits:
-        raise ValueError("hoist_inits is a dx schedule: a forward keeps no running sums")
+    else:
+        for knob in ("hoist_inits", "shared_sums"):
+            value = getattr(cfg, knob)
+            if not isinstance(value, int) or value:
+                raise ValueError(f"{knob} is a dx schedule: a forward keeps no running sums")
     return sch
 
 
@@ -703,6 +712,9 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
     for lp in (s2, o2, v2):
         sch.unroll(lp)
     sch.transform_layout(part, ("write", 0), layout, assume_injective_transform=True)
+    # where the sums then live: registers, or (_tvm.SHARED_SUMS) each thread's slots in shared
+    # memory, moved there after TVM's ThreadSync, which would put a barrier at every access
+    _annotate_if_set(sch, lane, SHARED_SUMS, cfg.shared_sums)
 
 
 def _cpu_row_divides(hidden: int, cfg: CpuRowConfig) -> None:

@@ -38,8 +38,10 @@ layout depends on threads, vec and prefetch, and the next groups load while one 
 (``stages`` > 1, a software pipeline), and gamma may be held there for the whole chunk
 (``chunk_weights``): there each (threads, vec, prefetch, stages, chunk_weights) is its own
 design space (``fused_cuda_variants``, pruned to what fits FUSED_REGISTERS), and rows per block,
-the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap) and whether whole
-chunks are walked without row guards (``full_chunks``) are sampled within it, and in every
+the blocks an SM must hold (``min_blocks``: __launch_bounds__, a register cap), whether whole
+chunks are walked without row guards (``full_chunks``), whether the running sums are zeroed before
+the walk (``hoist_inits``) and whether they live in shared memory instead of registers
+(``shared_sums``) are sampled within it, and in every
 CUDA space whether rows are loaded evict-first (``stream``). The kept-row
 forward variants come again with one barrier a row sum (``warp_sums``) where the row splits
 evenly over whole warps, and, where a row's sums take barriers, with the weights loaded with x
@@ -128,7 +130,8 @@ def cuda_space(key: NormKey, fused=None, kept=None):
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, prefetch=prefetch, stages=stages,
                                 chunk_weights=chunk_weights, staged=staged,
                                 min_blocks=_categorical(sch, min_blocks_choices(threads)),
-                                full_chunks=_categorical(sch, FULL_CHUNKS), hoist_inits=_categorical(sch, HOIST_INITS))
+                                full_chunks=_categorical(sch, FULL_CHUNKS), hoist_inits=_categorical(sch, HOIST_INITS),
+                                shared_sums=_categorical(sch, shared_sums_choices(key, fused)))
         elif kept is not None:
             threads, vec, keep_y, warp_sums, early_weights = kept
             cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
@@ -190,6 +193,23 @@ STREAM = (0, 1, 3)
 # (CudaRowConfig.hoist_inits, _tvm.HOIST_INITS): fewer instructions, which nvcc schedules
 # otherwise, 2-6.5% faster at 6 of the 24 bf16 records and 7.5% slower at layernorm 8192.
 HOIST_INITS = (0, 1)
+# Where the fused dx keeps its running sums (CudaRowConfig.shared_sums, _tvm.SHARED_SUMS): in
+# registers, or in shared memory, a slot of each thread's own per sum. ptxas puts the layernorm
+# 8192 dx at 118-128 registers at 512 threads (one block an SM) and spills 400-2000 bytes under
+# the 64-register cap of two blocks; with the sums in shared memory the same points fit 64
+# registers without a spill (bench/results/h200-run49/). The sums of every chunk lane of a block
+# must fit the dynamic shared memory a block may take beside a staged variant's static buffers.
+SHARED_SUMS = (0, 1)
+SHARED_SUMS_BYTES = 227 * 1024 - STAGED_SHARED_BYTES
+
+
+def shared_sums_choices(key: NormKey, fused) -> list:
+    """Where a fused variant (fused_cuda_variants) may keep its running sums: SHARED_SUMS where
+    the sums of its widest block (fused_lanes) fit SHARED_SUMS_BYTES, registers alone otherwise."""
+    threads, vec = fused[0], fused[1]
+    per_thread = -(-key.hidden_size // (threads * vec)) * vec
+    fits = 4 * key.column_sums * per_thread * threads * max(fused_lanes(fused)) <= SHARED_SUMS_BYTES
+    return list(SHARED_SUMS) if fits else [0]
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
@@ -457,9 +477,10 @@ def space_size(key: NormKey, kind: str) -> int:
 
 def _cuda_space_size(key: NormKey, full: int, fused_factors: bool) -> int:
     """The CUDA space's size with ``full`` values of full_chunks, and the fused backward's
-    min_blocks and hoist_inits factors or not (without the stream factor)."""
+    min_blocks, hoist_inits and shared_sums factors or not (without the stream factor)."""
     if key.stage in ("bwd", "bwd_add"):
-        return sum(len(fused_lanes(v)) * full * (len(min_blocks_choices(v[0])) * len(HOIST_INITS) if fused_factors else 1)
+        return sum(len(fused_lanes(v)) * full * (len(min_blocks_choices(v[0])) * len(HOIST_INITS)
+                                                 * len(shared_sums_choices(key, v)) if fused_factors else 1)
                    for v in fused_cuda_variants(key))
     sampled = len(cuda_thread_choices(key)) * len(ROWS) * len(cuda_vec_choices(key)) * len(UNROLL) * full
     return sampled + sum(len(kept_rows(kept)) * (full if kept_guarded(kept) else 1) for kept in fwd_kept_variants(key))
@@ -468,8 +489,8 @@ def _cuda_space_size(key: NormKey, full: int, fused_factors: bool) -> int:
 def population_points(key: NormKey, kind: str) -> int:
     """The points a search round draws for ``key`` (tune._search): the space's size, but on CUDA
     without the full_chunks and stream factors, and for the fused backward without the
-    min_blocks and hoist_inits ones, which together multiply it by up to 32 (38 -> 1184 points at layernorm 8192,
-    the smallest bwd space, which sets a batch's population). Drawing costs ~35 ms a point and
+    min_blocks, hoist_inits and shared_sums ones, which together multiply it by up to 64 (38 ->
+    2368 points at layernorm 8192, the smallest bwd space, which sets a batch's population). Drawing costs ~35 ms a point and
     task on the H200 host, and a round of a backward task measures 8."""
     if kind == "cuda":
         return _cuda_space_size(key, 1, fused_factors=False)
