@@ -1479,7 +1479,7 @@ def test_with_hoist_inits_sets_the_knob_of_a_record_tuned_with_or_before_it():
     from tvmnorm._tvm import Schedule
     from tvmnorm.sched.space import cuda_space, fused_cuda_variants
     from tvmnorm.tune import hoist_inits_of, load_records, record_trace, tuning_func, with_hoist_inits
-    zeroed_in_walk = re.compile(r"== \(?(int64_t)?\)?0\)+ \{\s*part_local_ptr")
+    zeroed_in_walk = re.compile(r"== \(?(int64_t)?\)?0\)+ \{\s*part_local(_shared)?_ptr")
 
     def zeroes_in_walk(key, record):
         return bool(zeroed_in_walk.search(generated_cuda(scheduled_funcs(key, "cuda", record, parts=["dx"]))))

@@ -1109,15 +1109,27 @@ def with_hoist_inits(record: dict, value: int = 1, part: str = "dx") -> dict:
     return record
 
 
-def hoist_inits_of(record: dict | None, part: str = "dx") -> int:
-    """The CudaRowConfig.hoist_inits ``record``'s ``part`` runs with (0 for a trace without it)."""
-    from ._tvm import HOIST_INITS
+def annotated_value(record: dict | None, annotation: str, part: str = "dx") -> int:
+    """The value ``record``'s ``part`` trace annotates ``annotation`` (a loop mark of _tvm) with,
+    as drawn where it was sampled; 0 for a trace without it."""
     trace = (record or {}).get("parts", {}).get(part) or [[], []]
     for inst in trace[0]:
-        if inst[0] == "Annotate" and inst[2] == [HOIST_INITS]:
+        if inst[0] == "Annotate" and inst[2] == [annotation]:
             value = inst[1][1]
             return _drawn(trace, _sample_of(trace[0], value)) if isinstance(value, str) else int(value)
     return 0
+
+
+def hoist_inits_of(record: dict | None, part: str = "dx") -> int:
+    """The CudaRowConfig.hoist_inits ``record``'s ``part`` runs with (0 for a trace without it)."""
+    from ._tvm import HOIST_INITS
+    return annotated_value(record, HOIST_INITS, part)
+
+
+def shared_sums_of(record: dict | None, part: str = "dx") -> int:
+    """The CudaRowConfig.shared_sums ``record``'s ``part`` runs with (0 for a trace without it)."""
+    from ._tvm import SHARED_SUMS
+    return annotated_value(record, SHARED_SUMS, part)
 
 
 def _record_schedule(key: NormKey, record: dict, part: str, kind: str):
