@@ -1151,9 +1151,9 @@ LAUNCH_BOUNDS_ATTR = "tirx.launch_bounds_min_blocks_per_sm"
 # dgamma (and dbeta) sums in shared memory instead of registers. The layernorm dx holds 2 sums an
 # element of its columns besides the rows it walks: at 8192 ptxas puts the 512-thread variants at
 # 118-128 registers (one block an SM, 16 warps; the Nsight Compute reports found the walk bound by
-# load latency at that occupancy), and capped at 64 registers for two blocks it spills 400-2000
-# bytes; with the sums in shared memory the same points fit 64 registers without a spill
-# (bench/results/h200-run49/). Each thread keeps its sums in slots of its own, sum k of thread t at
+# load latency at that occupancy), and capped at 64 registers for two blocks they spill 424-710
+# bytes; with the sums in shared memory 512 x 8 with one row a group fits 64 registers without a
+# spill (bench/results/h200-run49/). Each thread keeps its sums in slots of its own, sum k of thread t at
 # k * threads + t (a warp's 32 accesses fall in 32 banks), so no thread ever reads another's slot
 # and no barrier is needed; but TVM's ThreadSync cannot see that and put one between every pair
 # of accesses when the buffer was given a shared scope in the schedule (twelfth lease). So the

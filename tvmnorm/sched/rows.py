@@ -35,6 +35,10 @@ from ..compute.norms import (ADD_STAGE, FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER
 PART_BLOCK = "part"
 
 
+# CudaRowConfig's 0/1 knobs of the fused dx kernel's running sums (a forward keeps none)
+DX_SUM_KNOBS = ("hoist_inits", "shared_sums")
+
+
 @dataclasses.dataclass(frozen=True)
 class CudaRowConfig:
     threads: int = 256        # threads per row (threadIdx.x): 4..1024; < 32 is a partial warp
@@ -85,7 +89,7 @@ class CudaRowConfig:
         if isinstance(self.min_blocks, int) and not 1 <= self.min_blocks <= 32:
             raise ValueError(f"min_blocks must be 1..32 blocks per SM, got {self.min_blocks}")
         _check_full_chunks(self.full_chunks)
-        for knob in ("hoist_inits", "shared_sums"):
+        for knob in DX_SUM_KNOBS:
             value = getattr(self, knob)
             if isinstance(value, int) and value not in (0, 1):
                 raise ValueError(f"{knob} must be 0 or 1, got {value}")
@@ -410,7 +414,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     elif cfg.staged:
         raise ValueError("staged is a dx schedule: a forward's rows are not walked in groups")
     else:
-        for knob in ("hoist_inits", "shared_sums"):
+        for knob in DX_SUM_KNOBS:
             value = getattr(cfg, knob)
             if not isinstance(value, int) or value:
                 raise ValueError(f"{knob} is a dx schedule: a forward keeps no running sums")

@@ -195,9 +195,10 @@ STREAM = (0, 1, 3)
 HOIST_INITS = (0, 1)
 # Where the fused dx keeps its running sums (CudaRowConfig.shared_sums, _tvm.SHARED_SUMS): in
 # registers, or in shared memory, a slot of each thread's own per sum. ptxas puts the layernorm
-# 8192 dx at 118-128 registers at 512 threads (one block an SM) and spills 400-2000 bytes under
-# the 64-register cap of two blocks; with the sums in shared memory the same points fit 64
-# registers without a spill (bench/results/h200-run49/). The sums of every chunk lane of a block
+# 8192 dx at 118-128 registers at 512 threads x 8 (one block an SM) and, under the 64-register cap
+# of two blocks, spills 424-710 bytes of such points (the records' own layouts 2042-2466); with the
+# sums in shared memory 512 x 8 with one row a group fits 64 registers without a spill at 7168
+# and 8192 (bench/results/h200-run49/). The sums of every chunk lane of a block
 # must fit the dynamic shared memory a block may take beside a staged variant's static buffers.
 SHARED_SUMS = (0, 1)
 SHARED_SUMS_BYTES = 227 * 1024 - STAGED_SHARED_BYTES
@@ -207,7 +208,7 @@ def shared_sums_choices(key: NormKey, fused) -> list:
     """Where a fused variant (fused_cuda_variants) may keep its running sums: SHARED_SUMS where
     the sums of its widest block (fused_lanes) fit SHARED_SUMS_BYTES, registers alone otherwise."""
     threads, vec = fused[0], fused[1]
-    per_thread = -(-key.hidden_size // (threads * vec)) * vec
+    per_thread = thread_vectors(key.hidden_size, threads, vec) * vec
     fits = 4 * key.column_sums * per_thread * threads * max(fused_lanes(fused)) <= SHARED_SUMS_BYTES
     return list(SHARED_SUMS) if fits else [0]
 
@@ -251,6 +252,12 @@ def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS, vectors: int 
     return min(cap, 65536 // threads - (28 if vectors == 1 and 1 <= rows <= 2 else 40))
 
 
+def thread_vectors(hidden: int, threads: int, vec: int) -> int:
+    """Vectors of ``vec`` elements each of ``threads`` threads handles of a row of ``hidden``
+    (the last one in part where they do not divide it)."""
+    return -(-hidden // (threads * vec))
+
+
 def _fused_layouts(key: NormKey):
     """(threads, vec, elements a thread, register limit) of every thread layout a fused variant
     can take: the two widest vector widths and the thread counts that give every thread 1 to
@@ -258,7 +265,7 @@ def _fused_layouts(key: NormKey):
     h = key.hidden_size
     for vec in cuda_vec_choices(key)[-2:]:
         for threads in _fused_thread_counts(key, vec):
-            vectors = -(-h // (threads * vec))
+            vectors = thread_vectors(h, threads, vec)
             if 1 <= vectors <= FUSED_VECTORS and threads * vec <= max(h, 4 * vec):
                 yield threads, vec, vectors * vec, fused_register_limit(threads)
 
@@ -401,7 +408,7 @@ def fwd_kept_variants(key: NormKey) -> list:
     for vec in cuda_vec_choices(key)[-2:]:
         exact = exact_thread_counts(h, vec, FWD_KEPT_VECTORS)
         for threads in sorted(set(cuda_thread_choices(key)) | set(exact)):
-            vectors = -(-h // (threads * vec))
+            vectors = thread_vectors(h, threads, vec)
             if not (1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h):
                 continue
             sums = [False] * (threads not in exact) + [True] * (warp_sums_problem(threads, 1, vec, h) is None)
