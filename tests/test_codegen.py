@@ -127,7 +127,7 @@ def test_hoist_inits_is_a_dx_schedule():
 @pytest.mark.parametrize("key,cfg", [
     (NormKey(norm="layernorm", stage="bwd", hidden_size=8192), dict(threads=512, vec=8, min_blocks=2, full_chunks=1)),
     (NormKey(stage="bwd", hidden_size=4096), dict(threads=256, rows=2, vec=8, prefetch=2, hoist_inits=1)),
-    (NormKey(norm="layernorm", stage="bwd", hidden_size=2048), dict(threads=128, vec=8, prefetch=2, stages=2,
+    (NormKey(norm="layernorm", stage="bwd", hidden_size=2048), dict(threads=128, vec=8, prefetch=1, stages=2,
                                                                     staged=True)),
     (NormKey(stage="bwd_add", hidden_size=4095, itype="fp16", wtype="fp16", otype="fp16"), dict(threads=1024, vec=1))])
 def test_shared_sums_give_each_thread_its_own_slots_without_barriers(key, cfg):
@@ -150,6 +150,33 @@ def test_shared_sums_give_each_thread_its_own_slots_without_barriers(key, cfg):
     offsets = {int(m.group(1)) if (m := re.search(r" \+ \(int64_t\)(\d+)\)$| \+ (?:\(int64_t\))?(\d+)\)$", i)) and
                m.group(1) else int(m.group(2)) if m else 0 for i in slots}
     assert offsets == {k * threads for k in range(sums)}, sorted(offsets)
+
+
+@pytest.mark.parametrize("check", ["schedule", "pass"])
+def test_shared_sums_that_cannot_launch_are_refused(check, monkeypatch):
+    """A block's shared memory past 48 KB needs the launch's opt-in, which comes only where the
+    dynamic bytes alone reach 48 KB: a staged layernorm 2048 dx with 16 KB of sums beside 33 KB
+    of staged rows and allreduce failed every launch on the H200 (CUDA_ERROR_INVALID_VALUE). The
+    schedule refuses it by name, and so does the pass that moves the sums (a record's trace
+    annotates the knob without the schedule's check); the space never draws it."""
+    from tvmnorm.sched import rows, space
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=2048)
+    cfg = rows.CudaRowConfig(threads=128, vec=8, prefetch=2, stages=2, staged=True, shared_sums=1)
+    assert rows.dx_shared_bytes(2, 2048, 2, cfg) == (16384, 33792)
+    if check == "pass":
+        monkeypatch.setattr(rows, "shared_sums_problem", lambda shared: None)
+    with pytest.raises(ValueError, match="shared_sums takes 16384 bytes of dynamic shared memory beside"):
+        cuda_source(key, row_config=cfg)
+    assert space.shared_sums_choices(key, (128, 8, 2, 2, False, True)) == [0]
+    assert space.shared_sums_choices(key, (128, 8, 1, 2, False, True)) == [0, 1]
+
+
+@pytest.mark.parametrize("shared,fits", [((16384, 33792), False), ((16384, 32768), True), ((65536, 33792), True),
+                                         ((49152, 1024), True), ((48128, 1024), True), ((48128, 2048), False),
+                                         ((200 * 1024, 28 * 1024), False)])
+def test_shared_sums_launch_rule(shared, fits):
+    from tvmnorm._tvm import shared_sums_problem
+    assert (shared_sums_problem(shared) is None) == fits
 
 
 def test_shared_sums_are_a_dx_schedule():

@@ -402,7 +402,7 @@ def test_cuda_dx_hoisting_the_sums_init(norm, stage, dtype, hidden, cfg, group, 
     ("layernorm", "bwd", "bf16", 7168, dict(threads=512, vec=8, chunk_weights=True, min_blocks=2, full_chunks=1)),
     ("rmsnorm", "bwd", "bf16", 4096, dict(threads=256, rows=2, vec=8, prefetch=2, min_blocks=2)),
     ("layernorm", "bwd_add", "fp32", 1000, dict(threads=128, rows=2, vec=4, prefetch=2, stages=2)),
-    ("layernorm", "bwd", "bf16", 2048, dict(threads=128, vec=8, prefetch=2, stages=2, staged=True, full_chunks=1)),
+    ("layernorm", "bwd", "bf16", 2048, dict(threads=128, vec=8, prefetch=1, stages=2, staged=True, full_chunks=1)),
     ("rmsnorm", "bwd_add", "fp16", 4095, dict(threads=1024, vec=1, prefetch=1)),
     ("layernorm", "bwd", "fp16", 128, dict(threads=16, rows=8, vec=8, prefetch=4))])
 def test_cuda_dx_sums_in_shared_memory(norm, stage, dtype, hidden, cfg, rows, rng, seed):

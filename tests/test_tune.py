@@ -1038,11 +1038,44 @@ def test_the_fused_space_holds_only_launchable_points(key):
     space keeps the check: its threads and rows are sampled apart."""
     from tvmnorm.sched.space import fused_cuda_variants
     from tvmnorm.tune import _postprocs, refused_fused_points
-    assert [type(p).__name__ for p in _postprocs("cuda", key.stage)] == ["RewriteReductionBlock"]
+    assert _postprocs("cuda", key.stage) == []
     assert "VerifyGPUCode" in [type(p).__name__ for p in _postprocs("cuda", "fwd")]
     checked, refused = refused_fused_points(key, every_lane=False)
     assert checked == len(fused_cuda_variants(key))
     assert not refused, refused
+
+
+@pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),
+                                 NormKey(stage="bwd_add", hidden_size=1000, itype="fp16", wtype="fp16", otype="fp16")],
+                         ids=lambda k: k.name)
+def test_the_backward_search_builds_the_kernels_the_library_runs(key):
+    """A backward candidate, drawn and postprocessed as the search does (tune._postprocs), is
+    the very kernel its record's trace (record_trace: no postprocessors) builds in the library,
+    with hoist_inits drawn either way. RewriteReductionBlock once split the running sums' init
+    out of every candidate's walk: the search timed kernels the library never ran, and every
+    candidate with hoist_inits failed to build."""
+    from tvmnorm._tvm import IRModule, Schedule, Trace, ms, target
+    from tvmnorm.targets import target_spec
+    from tvmnorm.tune import _postprocs, hoist_inits_of, record_trace
+    func = tuning_func(key, "dx", 4096, "cuda", 32)
+    gen = ms.space_generator.ScheduleFn(space_fn(key, "cuda"), sch_rules=[], postprocs=_postprocs("cuda", key.stage),
+                                        mutator_probs={})
+    ctx = ms.TuneContext(mod=IRModule({"main": func}), target=target(target_spec("cuda")), space_generator=gen,
+                         task_name=key.name, num_threads=1)
+    variants, hoisted = design_spaces(key, "cuda"), set()
+    for seed in range(12):
+        sch = Schedule(func, seed=seed + 1)
+        variants[seed * 7 % len(variants)](sch)
+        record = {"parts": {"dx": record_trace(sch.trace)}}
+        replay = Schedule(func)
+        Trace.apply_json_to_schedule(record["parts"]["dx"], replay)
+        sch.enter_postproc()
+        assert all(p.apply(sch) for p in ctx.space_generator.postprocs)
+        assert generated_cuda({"main": sch.mod["main"]}) == generated_cuda({"main": replay.mod["main"]})
+        hoisted.add(hoist_inits_of(record))
+        if hoisted == {0, 1} and seed >= 3:
+            break
+    assert hoisted == {0, 1}
 
 
 def test_staged_variants_fit_cp_async_and_shared_memory():
@@ -1470,35 +1503,49 @@ def test_the_cost_model_ranks_after_one_round(tmp_path):
     assert len(set(first.tolist())) > 1
 
 
-def test_with_hoist_inits_sets_the_knob_of_a_record_tuned_with_or_before_it():
-    """tune.with_hoist_inits (scripts/hoist_ab.py): a record tuned before the knob gets its dx
-    walk annotated, a sampled one its decision drawn again; either builds the kernel whose
-    running sums are zeroed before the walk, and 0 the one that zeroes them at its first row.
-    The committed records that took it say what the GPU measured with and without."""
+@pytest.mark.parametrize("knob", ["hoist_inits", "shared_sums"])
+def test_with_knob_sets_the_knob_of_a_record_tuned_with_or_before_it(knob):
+    """tune.with_knob (scripts/knob_ab.py): a record tuned before the knob gets its dx walk
+    annotated, a sampled one its decision drawn again; either builds the kernel with the knob
+    (hoist_inits: running sums zeroed before the walk; shared_sums: kept in shared memory), and
+    0 the one without. The committed records that took a knob say what the GPU measured with
+    and without."""
     from conftest import generated_cuda
     from tvmnorm._tvm import Schedule
     from tvmnorm.sched.space import cuda_space, fused_cuda_variants
-    from tvmnorm.tune import hoist_inits_of, load_records, record_trace, tuning_func, with_hoist_inits
+    from tvmnorm.tune import knob_of, load_records, record_trace, tuning_func, with_knob
     zeroed_in_walk = re.compile(r"== \(?(int64_t)?\)?0\)+ \{\s*part_local(_shared)?_ptr")
 
-    def zeroes_in_walk(key, record):
-        return bool(zeroed_in_walk.search(generated_cuda(scheduled_funcs(key, "cuda", record, parts=["dx"]))))
+    def shows_knob(key, record):
+        src = generated_cuda(scheduled_funcs(key, "cuda", record, parts=["dx"]))
+        return not zeroed_in_walk.search(src) if knob == "hoist_inits" else "part_local_shared_ptr" in src
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=1024)
     sch = Schedule(tuning_func(key, "dx", 2048, "cuda", 32))
     cuda_space(key, fused=fused_cuda_variants(key)[0])(sch)
     sampled = {"parts": {"dx": record_trace(sch.trace)}, "rows_per_partial": 32}
     for value in (1, 0, 1):
-        sampled = with_hoist_inits(sampled, value)
-        assert hoist_inits_of(sampled) == value and zeroes_in_walk(key, sampled) == (value == 0)
+        sampled = with_knob(sampled, knob, value)
+        assert knob_of(sampled, knob) == value and shows_knob(key, sampled) == (value == 1)
     committed = load_records("cuda")
-    adopted = {k: r for k, r in committed.items() if "hoist_inits_ab" in r}
-    assert adopted and all(hoist_inits_of(r) == 1 for r in adopted.values())
-    assert all(max(r["hoist_inits_ab"]["on_us"]) < min(r["hoist_inits_ab"]["off_us"]) for r in adopted.values())
-    old = committed[NormKey(norm="layernorm", stage="bwd", hidden_size=8192).pack()]
-    assert "hoist_inits_ab" not in old and hoist_inits_of(old) == 0
-    assert hoist_inits_of(with_hoist_inits(old)) == 1 and hoist_inits_of(with_hoist_inits(with_hoist_inits(old), 0)) == 0
-    with pytest.raises(ValueError, match="hoist_inits must be 0 or 1"):
-        with_hoist_inits(old, 2)
+    adopted = {k: r for k, r in committed.items() if f"{knob}_ab" in r}
+    # four committed records hold hoist_inits from the thirty-sixth lease's A/B; none shared_sums
+    # (h200-run50)
+    assert len(adopted) == {"hoist_inits": 4, "shared_sums": 0}[knob]
+    assert all(knob_of(r, knob) == 1 for r in adopted.values())
+    assert all(max(r[f"{knob}_ab"]["on_us"]) < min(r[f"{knob}_ab"]["off_us"]) for r in adopted.values())
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size={"hoist_inits": 8192, "shared_sums": 7168}[knob])
+    old = committed[key.pack()]
+    assert f"{knob}_ab" not in old and knob_of(old, knob) == 0
+    assert knob_of(with_knob(old, knob), knob) == 1 and knob_of(with_knob(with_knob(old, knob), knob, 0), knob) == 0
+    assert shows_knob(key, with_knob(old, knob))
+    if knob == "shared_sums":  # a staged record's rows fill the shared memory that a launch without opt-in has
+        staged = NormKey(norm="layernorm", stage="bwd", itype="fp16", wtype="fp16", otype="fp16", hidden_size=4096)
+        with pytest.raises(ValueError, match="shared_sums takes 32768 bytes of dynamic shared memory beside 33792"):
+            shows_knob(staged, with_knob(committed[staged.pack()], knob))
+    with pytest.raises(ValueError, match=f"{knob} must be 0 or 1"):
+        with_knob(old, knob, 2)
+    with pytest.raises(ValueError, match="unknown dx knob"):
+        with_knob(old, "stream")
 
 
 def test_tune_with_a_failed_batch_says_so_and_exits_nonzero(tmp_path, monkeypatch, capsys):

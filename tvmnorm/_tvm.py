@@ -1166,6 +1166,42 @@ SHARED_SUMS = "tvmnorm.shared_sums"
 SUMS_BUFFER = "part_local"
 
 
+# A block may hold more than 48 KB of shared memory only by its dynamic allocation's opt-in, which
+# TVM's launch makes where the dynamic bytes alone are 48 KB or more (cuda_module.cc); below that
+# the static and dynamic bytes together must fit 48 KB. A staged layernorm 2048 dx with 16 KB of
+# shared sums beside 32 KB of staged rows failed every launch with CUDA_ERROR_INVALID_VALUE on the
+# H200 (bench/results/h200-run50/).
+BLOCK_SHARED_BYTES = 48 * 1024
+OPTIN_SHARED_BYTES = 227 * 1024
+# What a kernel's allreduces may take (their scratch is allocated after _shared_sums runs)
+ALLREDUCE_SHARED_BYTES = 1024
+
+
+def shared_sums_problem(shared: tuple) -> str | None:
+    """Why a kernel of (dynamic, static) shared memory bytes, its sums in shared memory
+    (SHARED_SUMS), cannot launch; None where it can."""
+    dynamic, static = shared
+    if dynamic + static <= BLOCK_SHARED_BYTES or (dynamic >= BLOCK_SHARED_BYTES
+                                                  and dynamic + static <= OPTIN_SHARED_BYTES):
+        return None
+    return (f"shared_sums takes {dynamic} bytes of dynamic shared memory beside {static} static: a block holds "
+            f"more than {BLOCK_SHARED_BYTES} in all only where its dynamic bytes alone reach that "
+            f"(the launch's opt-in), and {OPTIN_SHARED_BYTES} at most")
+
+
+def _shared_bytes(body, scope: str) -> int:
+    sizes = []
+
+    def alloc(node):
+        if node.buffer.scope() == scope:
+            count = 1
+            for extent in node.buffer.shape:
+                count *= int(extent)
+            sizes.append(count * node.buffer.dtype.itemsize)
+    _walk(body, tirx.AllocBuffer, alloc)
+    return sum(sizes)
+
+
 def _loop_marks(mod):
     """``mod`` with every MIN_BLOCKS_PER_SM annotation made a LAUNCH_BOUNDS_ATTR statement and
     every SHARED_SUMS annotation a function attribute (kept where it is 1, dropped where 0);
@@ -1248,6 +1284,11 @@ def _shared_sums(func, _mod, _ctx):
     _walk(body, _LOAD, lambda n: left.append(n) if n.source.same_as(old) else None)
     if left:
         raise RuntimeError(f"{name}: {len(left)} accesses of {SUMS_BUFFER} were not moved to shared memory")
+    # a record's trace annotates the knob without the schedule's check (sched.rows.dx_shared_bytes)
+    problem = shared_sums_problem((_shared_bytes(body, "shared.dyn"),
+                                   _shared_bytes(body, "shared") + ALLREDUCE_SHARED_BYTES))
+    if problem:
+        raise ValueError(f"{name}: {problem}")
     return func.with_body(body)
 
 

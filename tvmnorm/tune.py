@@ -174,11 +174,19 @@ def _postprocs(kind, stage: str = "fwd"):
     it took a fifth to a quarter of a search's time on the host (rmsnorm and layernorm bwd 3584,
     T 32 and 64, 24 trials, scripts/search_overhead.py on 2 cores: 62.0 and 68.1 -> 49.0 and
     49.5 s a key). A point that did fail would fail its build, which the builders report as a
-    failed candidate."""
+    failed candidate.
+
+    The backward gets no RewriteReductionBlock either: it split the dx's running sums' init out
+    of the walk over a chunk's rows, so every candidate ran with its sums zeroed before the walk,
+    while a record's trace (kept without postprocessors, record_trace) builds in the library
+    with the init at the walk's first row, unless its hoist_inits says otherwise: the search
+    timed other kernels than the library runs, and each candidate drawing hoist_inits = 1 failed
+    to build (the pass found no init left to hoist: 124 of 256 trials of the fiftieth lease's
+    layernorm retune, 198 of the forty-sixth's bwd_add). Without it the search builds exactly
+    what the library will, and both values of hoist_inits compete."""
     from ._tvm import ms
     if kind == "cuda":
-        verify = [] if stage in ("bwd", "bwd_add") else [ms.postproc.VerifyGPUCode()]
-        return [ms.postproc.RewriteReductionBlock(), *verify]
+        return [] if stage in ("bwd", "bwd_add") else [ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()]
     return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
 
 
@@ -1078,16 +1086,28 @@ def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
     return record
 
 
-def with_hoist_inits(record: dict, value: int = 1, part: str = "dx") -> dict:
-    """A copy of ``record`` whose ``part`` walk zeroes its running sums before the walk (value
-    1) or at its first row (0): CudaRowConfig.hoist_inits, as the record's trace would have
-    sampled it. A trace tuned before the knob annotates none: the annotation goes on the loop
-    its FULL_CHUNK and STREAM_LOADS annotations mark (the dx walk over the chunk's rows), the
-    rest of its kernel unchanged (the A/B of the thirty-sixth lease, scripts/hoist_ab.py)."""
+def dx_knob_annotation(knob: str) -> str:
+    """The loop mark of _tvm that a record's trace carries CudaRowConfig's ``knob`` (one of
+    sched.rows.DX_SUM_KNOBS) as."""
+    from ._tvm import HOIST_INITS, SHARED_SUMS
+    marks = {"hoist_inits": HOIST_INITS, "shared_sums": SHARED_SUMS}
+    if knob not in marks:
+        raise ValueError(f"unknown dx knob {knob!r}: one of {sorted(marks)}")
+    return marks[knob]
+
+
+def with_knob(record: dict, knob: str, value: int = 1, part: str = "dx") -> dict:
+    """A copy of ``record`` whose ``part`` runs with the 0/1 dx knob ``knob`` (hoist_inits: the
+    running sums zeroed before the walk; shared_sums: kept in shared memory) set to ``value``,
+    as the record's trace would have sampled it. A trace tuned before the knob annotates none:
+    the annotation goes on the loop its FULL_CHUNK and STREAM_LOADS annotations mark (the dx
+    walk over the chunk's rows; _tvm reads SHARED_SUMS off any loop of the kernel), the rest of
+    its kernel unchanged (the A/Bs of the thirty-sixth lease and h200-run50, scripts/knob_ab.py)."""
     import copy
-    from ._tvm import FULL_CHUNK, HOIST_INITS, STREAM_LOADS
+    from ._tvm import FULL_CHUNK, STREAM_LOADS
+    annotation = dx_knob_annotation(knob)
     if value not in (0, 1):
-        raise ValueError(f"hoist_inits must be 0 or 1, got {value}")
+        raise ValueError(f"{knob} must be 0 or 1, got {value}")
     record = copy.deepcopy(record)
     trace = (record.get("parts") or {}).get(part)
     if trace is None:
@@ -1097,14 +1117,14 @@ def with_hoist_inits(record: dict, value: int = 1, part: str = "dx") -> dict:
     if not marks:
         raise ValueError(f"{record.get('key')}: its {part} trace annotates no walk over a chunk's rows")
     walk = insts[marks[-1]][1][0]
-    mine = [i for i, inst in enumerate(insts) if inst[0] == "Annotate" and inst[2] == [HOIST_INITS]]
+    mine = [i for i, inst in enumerate(insts) if inst[0] == "Annotate" and inst[2] == [annotation]]
     for i in mine:
         if isinstance(insts[i][1][1], str):  # a sampled decision: drawn as this value
             _draw(trace, _sample_of(insts, insts[i][1][1]), value)
         else:
             insts[i][1][1] = value
     if not mine:
-        insts.insert(marks[-1] + 1, ["Annotate", [walk, value], [HOIST_INITS], []])
+        insts.insert(marks[-1] + 1, ["Annotate", [walk, value], [annotation], []])
         trace[1] = [[j + (j > marks[-1]), d] for j, d in trace[1]]
     return record
 
@@ -1120,16 +1140,17 @@ def annotated_value(record: dict | None, annotation: str, part: str = "dx") -> i
     return 0
 
 
+def knob_of(record: dict | None, knob: str, part: str = "dx") -> int:
+    """The 0/1 dx knob ``knob`` (with_knob) ``record``'s ``part`` runs with (0 for a trace without it)."""
+    return annotated_value(record, dx_knob_annotation(knob), part)
+
+
 def hoist_inits_of(record: dict | None, part: str = "dx") -> int:
-    """The CudaRowConfig.hoist_inits ``record``'s ``part`` runs with (0 for a trace without it)."""
-    from ._tvm import HOIST_INITS
-    return annotated_value(record, HOIST_INITS, part)
+    return knob_of(record, "hoist_inits", part)
 
 
 def shared_sums_of(record: dict | None, part: str = "dx") -> int:
-    """The CudaRowConfig.shared_sums ``record``'s ``part`` runs with (0 for a trace without it)."""
-    from ._tvm import SHARED_SUMS
-    return annotated_value(record, SHARED_SUMS, part)
+    return knob_of(record, "shared_sums", part)
 
 
 def _record_schedule(key: NormKey, record: dict, part: str, kind: str):

@@ -55,8 +55,8 @@ import os
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
-from .rows import (CP_ASYNC_BYTES, STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, schedule_rows_cpu, schedule_rows_cuda,
-                   staged_shared_bytes, warp_sums_problem)
+from .rows import (CP_ASYNC_BYTES, STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, dx_shared_bytes, schedule_rows_cpu,
+                   schedule_rows_cuda, shared_sums_problem, staged_shared_bytes, warp_sums_problem)
 
 TUNED_PARTS = ("fwd", "dx")
 THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -198,19 +198,23 @@ HOIST_INITS = (0, 1)
 # 8192 dx at 118-128 registers at 512 threads x 8 (one block an SM) and, under the 64-register cap
 # of two blocks, spills 424-710 bytes of such points (the records' own layouts 2042-2466); with the
 # sums in shared memory 512 x 8 with one row a group fits 64 registers without a spill at 7168
-# and 8192 (bench/results/h200-run49/). The sums of every chunk lane of a block
-# must fit the dynamic shared memory a block may take beside a staged variant's static buffers.
+# and 8192 (bench/results/h200-run49/). Timed on the H200 (h200-run50/, 16384 rows), that point
+# ran 0.72 of copy at 7168 against the record's 0.62 (sums in registers), the record's own layout
+# 0.72 with its sums in shared memory, and 0.71 at 8192 as the best in registers; at 2048 and
+# 4096 the records in registers stayed ahead (0.61, 0.80 against 0.58, 0.71). The sums of every chunk lane of
+# a block must fit the shared memory a block may launch with (rows.shared_sums_problem).
 SHARED_SUMS = (0, 1)
-SHARED_SUMS_BYTES = 227 * 1024 - STAGED_SHARED_BYTES
 
 
 def shared_sums_choices(key: NormKey, fused) -> list:
     """Where a fused variant (fused_cuda_variants) may keep its running sums: SHARED_SUMS where
-    the sums of its widest block (fused_lanes) fit SHARED_SUMS_BYTES, registers alone otherwise."""
-    threads, vec = fused[0], fused[1]
-    per_thread = thread_vectors(key.hidden_size, threads, vec) * vec
-    fits = 4 * key.column_sums * per_thread * threads * max(fused_lanes(fused)) <= SHARED_SUMS_BYTES
-    return list(SHARED_SUMS) if fits else [0]
+    the sums of its widest block (fused_lanes) launch beside its static shared memory, registers
+    alone otherwise."""
+    threads, vec, prefetch, stages, _, staged = fused
+    cfg = CudaRowConfig(threads=threads, rows=max(fused_lanes(fused)), vec=vec, prefetch=prefetch, stages=stages,
+                        staged=staged)
+    shared = dx_shared_bytes(key.column_sums, key.hidden_size, DTYPE_BYTES[key.itype], cfg)
+    return [0] if shared_sums_problem(shared) else list(SHARED_SUMS)
 
 
 # Registers one thread of the fused dx kernel may spend on its running sums and its prefetched
