@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import (ALLREDUCE_SHARED_BYTES, BLOCK_SHARED_BYTES, FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM, SHARED_SUMS, STREAM_LOADS,
-                    STREAM_MODES, UNROLL_BY, Schedule, shared_sums_problem, tirx)
+from .._tvm import (ALLREDUCE_SHARED_BYTES, BLOCK_SHARED_BYTES, FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM,
+                    SHARED_SUMS, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, shared_sums_problem, tirx)
 from ..compute.norms import (ADD_STAGE, FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR,
                              WEIGHT_OPERANDS)
 

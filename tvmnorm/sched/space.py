@@ -198,11 +198,12 @@ HOIST_INITS = (0, 1)
 # 8192 dx at 118-128 registers at 512 threads x 8 (one block an SM) and, under the 64-register cap
 # of two blocks, spills 424-710 bytes of such points (the records' own layouts 2042-2466); with the
 # sums in shared memory 512 x 8 with one row a group fits 64 registers without a spill at 7168
-# and 8192 (bench/results/h200-run49/). Timed on the H200 (h200-run50/, 16384 rows), that point
-# ran 0.72 of copy at 7168 against the record's 0.62 (sums in registers), the record's own layout
-# 0.72 with its sums in shared memory, and 0.71 at 8192 as the best in registers; at 2048 and
-# 4096 the records in registers stayed ahead (0.61, 0.80 against 0.58, 0.71). The sums of every chunk lane of
-# a block must fit the shared memory a block may launch with (rows.shared_sums_problem).
+# and 8192 (bench/results/h200-run49/). Timed on the H200 (h200-run50/, the dx alone at 16384
+# rows), that point ran 0.72 of copy at 7168 against the record's 0.62 (sums in registers), the
+# record's own layout 0.72 with its sums in shared memory, and 0.71 at 8192 as the best in
+# registers; at 2048 and 4096 the records in registers stayed ahead (0.61 against 0.54-0.58, 0.80
+# against 0.71). The sums of every chunk lane of a block must fit the shared memory a block may
+# launch with (_tvm.shared_sums_problem).
 SHARED_SUMS = (0, 1)
 
 
