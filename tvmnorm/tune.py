@@ -186,7 +186,9 @@ def _postprocs(kind, stage: str = "fwd"):
     what the library will, and both values of hoist_inits compete."""
     from ._tvm import ms
     if kind == "cuda":
-        return [] if stage in ("bwd", "bwd_add") else [ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()]
+        if stage in ("bwd", "bwd_add"):
+            return []
+        return [ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()]
     return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
 
 

@@ -10,7 +10,8 @@ import dataclasses
 
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
-from .rows import ROW_OPERANDS, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda
+from .rows import (ROW_OPERANDS, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda,
+                   thread_vectors)
 from .space import fused_register_limit, fused_registers, staged_fits
 
 ROW_PARTS = ("fwd", "dx")
@@ -105,7 +106,7 @@ def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
     where both rows fit KEPT_ROW_BYTES together (every catalog width); wider rows are loaded by
     each stage."""
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
-    if cfg.keep_row and 2 * -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec * elem_bytes > KEPT_ROW_BYTES:
+    if cfg.keep_row and 2 * thread_vectors(hidden, cfg.threads, cfg.vec) * cfg.vec * elem_bytes > KEPT_ROW_BYTES:
         return cuda_row_heuristic(hidden, elem_bytes)
     return dataclasses.replace(cfg, keep_y=False)
 
@@ -140,7 +141,7 @@ def fused_cuda_heuristic(func, hidden: int, elem_bytes: int) -> CudaRowConfig:
     Rows of 1-8 KB are then staged in shared memory instead (_staged_dx)."""
     cfg = cuda_row_heuristic(hidden, elem_bytes, vectors_per_thread=2)
     s = int(func.params[-1].shape[0])  # part[S, q, H]
-    per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
+    per_thread = thread_vectors(hidden, cfg.threads, cfg.vec) * cfg.vec
     t = int(func.attrs[ROWS_PER_PARTIAL_ATTR])
     limit = fused_register_limit(cfg.threads * cfg.rows, cap=96)
     most = 1 if s == 1 and cfg.threads * cfg.rows >= 512 else 2 if s == 2 or cfg.rows >= 8 else 4

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import (ALLREDUCE_SHARED_BYTES, BLOCK_SHARED_BYTES, FULL_CHUNK, HOIST_INITS, MIN_BLOCKS_PER_SM,
-                    SHARED_SUMS, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, shared_sums_problem, tirx)
+                    SHARED_SUMS, STREAM_LOADS, STREAM_MODES, UNROLL_BY, Schedule, tirx)
 from ..compute.norms import (ADD_STAGE, FP8_Y_STAGE, ROW_STAT_OPERANDS, ROWS_PER_GROUP_ATTR, ROWS_PER_PARTIAL_ATTR,
                              WEIGHT_OPERANDS)
 
@@ -642,11 +642,17 @@ def staged_shared_bytes(hidden: int, elem_bytes: int, prefetch: int, stages: int
     return 2 * stages * prefetch * hidden * elem_bytes
 
 
+def thread_vectors(hidden: int, threads: int, vec: int) -> int:
+    """Vectors of ``vec`` elements each of ``threads`` threads handles of a row of ``hidden``
+    (the last one in part where they do not divide it)."""
+    return -(-hidden // (threads * vec))
+
+
 def dx_shared_bytes(column_sums: int, hidden: int, elem_bytes: int, cfg: CudaRowConfig) -> tuple:
     """(dynamic, static) shared memory of a fused dx block with its running sums in shared
     memory (shared_sums): the S sums of each thread of every chunk lane, and a staged variant's
     rows in flight (staged_shared_bytes) with the allreduce's scratch."""
-    per_thread = -(-hidden // (cfg.threads * cfg.vec)) * cfg.vec
+    per_thread = thread_vectors(hidden, cfg.threads, cfg.vec) * cfg.vec
     rows = staged_shared_bytes(hidden, elem_bytes, cfg.prefetch, cfg.stages) if cfg.staged else 0
     return 4 * column_sums * per_thread * cfg.threads * cfg.rows, rows + ALLREDUCE_SHARED_BYTES
 
@@ -726,13 +732,8 @@ def _cuda_partials(sch, lane, cfg: CudaRowConfig):
         sch.unroll(lp)
     sch.transform_layout(part, ("write", 0), layout, assume_injective_transform=True)
     # where the sums then live: registers, or (_tvm.SHARED_SUMS) each thread's slots in shared
-    # memory, moved there after TVM's ThreadSync, which would put a barrier at every access
-    if isinstance(cfg.shared_sums, int) and cfg.shared_sums:
-        params = {p.name: p for p in sch.mod["main"].params}
-        column_sums, hidden = int(params[PART_BLOCK].shape[0]), int(params["dy"].shape[-1])
-        problem = shared_sums_problem(dx_shared_bytes(column_sums, hidden, params["dy"].dtype.itemsize, cfg))
-        if problem:
-            raise ValueError(problem)
+    # memory, moved there after TVM's ThreadSync, which would put a barrier at every access (and
+    # which refuses sums that cannot launch beside the kernel's other shared memory)
     _annotate_if_set(sch, lane, SHARED_SUMS, cfg.shared_sums)
 
 

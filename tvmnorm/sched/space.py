@@ -55,8 +55,9 @@ import os
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
+from .._tvm import shared_sums_problem
 from .rows import (CP_ASYNC_BYTES, STAGED_SHARED_BYTES, CpuRowConfig, CudaRowConfig, dx_shared_bytes, schedule_rows_cpu,
-                   schedule_rows_cuda, shared_sums_problem, staged_shared_bytes, warp_sums_problem)
+                   schedule_rows_cuda, staged_shared_bytes, thread_vectors, warp_sums_problem)
 
 TUNED_PARTS = ("fwd", "dx")
 THREADS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -255,12 +256,6 @@ def fused_register_limit(threads: int, cap: int = FUSED_REGISTERS, vectors: int 
     32-36) in 64-72 registers without spilling, which the 40 pruned; with 2-4 vectors a thread,
     or 8 rows in flight, 28 admits points that spill 24-730 bytes."""
     return min(cap, 65536 // threads - (28 if vectors == 1 and 1 <= rows <= 2 else 40))
-
-
-def thread_vectors(hidden: int, threads: int, vec: int) -> int:
-    """Vectors of ``vec`` elements each of ``threads`` threads handles of a row of ``hidden``
-    (the last one in part where they do not divide it)."""
-    return -(-hidden // (threads * vec))
 
 
 def _fused_layouts(key: NormKey):
