@@ -68,6 +68,14 @@ def pytest_report_header(config):
     return f"tvmnorm test seed base: TVMNORM_TEST_SEED={BASE_SEED}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked slow (20 s to 2 min each on the 2-core CI machine) run first, the rest in
+    their order: pytest-xdist hands tests out in collection order, and with the longest among
+    the last, one worker ran them for minutes after the other had none left (the README's test
+    command took 25 minutes, ~5 of them such a tail)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Default-kernel cache in a session tmp dir (never ~/.cache), no library from the

@@ -469,6 +469,7 @@ def test_host_overhead_times_the_ops_and_their_peers(bench_script, tmp_path, mon
     assert all(r["skipped"] == "Liger is GPU-only" for r in records if r["impl"] == "liger")
 
 
+@pytest.mark.slow
 def test_lease_env_prepares_and_packs_a_device_call(tmp_path):
     """bench/lease_env.sh, which a device call's script sources first: it runs the tree's
     .device/b/activate.sh, makes $X under $OUT, stamps `el` lines, writes the device line and

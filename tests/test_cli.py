@@ -53,6 +53,7 @@ def test_build_then_list_no_tuned(tmp_path):
     assert line.endswith("[default]"), line
 
 
+@pytest.mark.slow
 def test_build_layouts_named(tmp_path):
     """--layouts picks x's layouts the library holds (compact always); an unknown one is refused by name."""
     origin, line = build_and_list(tmp_path / "lib", "--no-tuned", "--layouts", "heads", layouts=("heads",))
@@ -115,6 +116,7 @@ def test_list_shows_the_backward_chunk_size(tmp_path):
     assert line.endswith("[default, T=128]"), line
 
 
+@pytest.mark.slow
 def test_search_overhead_runs_the_search_without_a_gpu():
     """scripts/search_overhead.py times the CUDA search with a fake builder and runner: every
     trial is recorded, nothing is compiled or timed on a device."""
@@ -299,6 +301,7 @@ def test_cuda_build_and_tune_stop_where_the_arch_cannot_run_the_keys(tmp_path, c
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cuda_build_for_another_gpu(tmp_path):
     """`tvmnorm build --target cuda --arch sm_80` on any machine: a library whose manifest says
     sm_80, compiled by nvcc for it (an A100's library built on a box without one); an arch the
@@ -319,6 +322,7 @@ def test_cuda_build_for_another_gpu(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.slow
 def test_fwd_add_keys_build_list_and_run_from_the_library(tmp_path, rng, seed):
     """`--stages fwd_add` (with --fp8, its fp8-output keys too) builds the residual add's
     forward into a library, `list` names the stage, and the library's kernels (compact and

@@ -1520,6 +1520,7 @@ def test_pdl_source_refuses_a_source_it_does_not_recognise():
         pdl_source(re.sub(rf"({renamed})_kernel(\([^)]*\) \{{\n)", r"\1_k\2", src), funcs)
 
 
+@pytest.mark.slow
 def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatch):
     """The manifest records how the library launches (a run's bench files name the library)."""
     from tvmnorm.build import build_library
@@ -1531,6 +1532,7 @@ def test_library_manifest_says_whether_it_launches_with_pdl(tmp_path, monkeypatc
     assert build_library([key], "cuda", tmp_path / "off", arch="sm_90", log=lambda *_: None, jobs=1)["pdl"] is False
 
 
+@pytest.mark.slow
 def test_cuda_library_of_x_layouts_resolves_every_symbol(tmp_path):
     """`tvmnorm build --target cuda` with every layout (its default): a module of nvcc's a
     layout, each listed with its sha256 in the manifest and defining every symbol the manifest

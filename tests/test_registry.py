@@ -666,6 +666,7 @@ def test_a_module_without_a_kernel_part_is_refused_clearly():
         _kernel_from_module(key, "llvm", Module(), False, "test")
 
 
+@pytest.mark.slow
 def test_cuda_default_kernel_leaves_its_int64_row_kernels_to_the_first_call_past_int32(tmp_path, monkeypatch):
     """On CUDA the runtime compiles a key's default kernels without the int64 row kernels (the
     module here is compiled, not run: no GPU), and compiles those into a cache entry of their
@@ -801,6 +802,7 @@ def test_cuda_default_kernels_are_refused_where_the_arch_cannot_run_them(tmp_pat
     assert not any(tmp_path.rglob("*.so"))
 
 
+@pytest.mark.slow
 def test_cuda_default_cache_compiles_for_the_gpu_it_serves(tmp_path, monkeypatch):
     """On an A100 (here TVMNORM_CUDA_ARCH=sm_80) the default kernels are nvcc's sm_80 SASS and
     compute_80 PTX, in a cache entry of that arch, launched without programmatic dependent launch
