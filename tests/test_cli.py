@@ -346,3 +346,20 @@ def test_fwd_add_keys_build_list_and_run_from_the_library(tmp_path, rng, seed):
                 given = inputs if layout == "compact" else dict(inputs, x=x_in_layout(inputs["x"], layout))
                 outs = call(kernel, given, 37)
                 check_outputs(key, inputs, outs, f"{key.name} {layout} seed={seed}")
+
+
+def test_the_slow_tests_run_first():
+    """conftest's collection hook puts the tests marked slow ahead of the rest, each group in its
+    order, so that the README's test command does not end on one xdist worker running them after
+    the other ran out."""
+    import conftest
+
+    class Item:
+        def __init__(self, name, slow):
+            self.name, self.slow = name, slow
+
+        def get_closest_marker(self, name):
+            return object() if name == "slow" and self.slow else None
+    items = [Item("a", False), Item("b", True), Item("c", False), Item("d", True)]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.name for i in items] == ["b", "d", "a", "c"]
