@@ -176,20 +176,20 @@ def _postprocs(kind, stage: str = "fwd"):
     49.5 s a key). A point that did fail would fail its build, which the builders report as a
     failed candidate.
 
-    The backward gets no RewriteReductionBlock either: it split the dx's running sums' init out
-    of the walk over a chunk's rows, so every candidate ran with its sums zeroed before the walk,
-    while a record's trace (kept without postprocessors, record_trace) builds in the library
-    with the init at the walk's first row, unless its hoist_inits says otherwise: the search
-    timed other kernels than the library runs, and each candidate drawing hoist_inits = 1 failed
-    to build (the pass found no init left to hoist: 124 of 256 trials of the fiftieth lease's
-    layernorm retune, 198 of the forty-sixth's bwd_add). Without it the search builds exactly
-    what the library will, and both values of hoist_inits compete."""
+    No stage gets RewriteReductionBlock, on either target: it splits a reduction's init out of
+    its loop, while a record's trace (kept without postprocessors, record_trace) builds in the
+    library with the init inside, so the search timed other kernels than the library runs. In
+    the backward it moved the dx's running sums' init before the walk over a chunk's rows, and
+    each candidate drawing hoist_inits = 1 failed to build (the pass found no init left to
+    hoist: 124 of 256 trials of the fiftieth lease's layernorm retune, 198 of the forty-sixth's
+    bwd_add); in the forward, the combine of a row's per-warp partial sums. Without it the search
+    builds exactly what the library will (test_the_search_builds_the_kernels_the_library_runs).
+    llvm gets no RewriteParallelVectorizeUnroll either: its space parallelises, vectorises and
+    unrolls with schedule primitives and sets none of the annotations that pass acts on."""
     from ._tvm import ms
-    if kind == "cuda":
-        if stage in ("bwd", "bwd_add"):
-            return []
-        return [ms.postproc.RewriteReductionBlock(), ms.postproc.VerifyGPUCode()]
-    return [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
+    if kind == "cuda" and stage not in ("bwd", "bwd_add"):
+        return [ms.postproc.VerifyGPUCode()]
+    return []
 
 
 def refused_fused_points(key: NormKey, chunk_rows: int = 32, every_lane: bool = True) -> tuple:
