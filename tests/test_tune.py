@@ -1067,13 +1067,13 @@ def test_the_search_builds_the_kernels_the_library_runs(kind, key):
     backward candidate with hoist_inits failed to build."""
     from tvmnorm._tvm import IRModule, Schedule, Trace, ms, target, tvm, without_tensor_intrinsics
     from tvmnorm.targets import target_spec
-    from tvmnorm.tune import _postprocs, hoist_inits_of, record_trace
+    from tvmnorm.tune import hoist_inits_of, record_trace, space_generator
     part = "fwd" if key.stage == "fwd" else "dx"
-    func = tuning_func(key, part, 4096, kind, 32 if kind == "cuda" and part == "dx" else None)
-    postprocs = _postprocs(kind, key.stage)
-    if postprocs:  # initialised as the search's space generator does
-        gen = ms.space_generator.ScheduleFn(space_fn(key, kind), sch_rules=[], postprocs=postprocs,
-                                            mutator_probs={})
+    cuda_dx = kind == "cuda" and part == "dx"
+    func = tuning_func(key, part, 4096, kind, 32 if cuda_dx else None)
+    gen = space_generator(key, kind)
+    postprocs = list(gen.postprocs)
+    if postprocs:  # initialised for the target, as the search's TuneContext does
         with without_tensor_intrinsics():
             ms.TuneContext(mod=IRModule({"main": func}), target=target(target_spec(kind)), space_generator=gen,
                            task_name=key.name, num_threads=1)
@@ -1088,9 +1088,9 @@ def test_the_search_builds_the_kernels_the_library_runs(kind, key):
         assert all(p.apply(sch) for p in postprocs)
         tvm.ir.assert_structural_equal(sch.mod, replay.mod)
         hoisted.add(hoist_inits_of(record))
-        if seed >= 3 and (hoisted == {0, 1} or not (kind == "cuda" and part == "dx")):
+        if seed >= 3 and (hoisted == {0, 1} or not cuda_dx):
             break
-    assert hoisted == ({0, 1} if kind == "cuda" and part == "dx" else {0})
+    assert hoisted == ({0, 1} if cuda_dx else {0})
 
 
 def test_staged_variants_fit_cp_async_and_shared_memory():

@@ -192,6 +192,16 @@ def _postprocs(kind, stage: str = "fwd"):
     return []
 
 
+def space_generator(key: NormKey, kind: str):
+    """MetaSchedule's space generator for a task of ``key``: our design space alone (no built-in
+    schedule rule or mutator) and the postprocessors of _postprocs, which a TuneContext
+    initialises for its target."""
+    from ._tvm import ms
+    from .sched.space import space_fn
+    return ms.space_generator.ScheduleFn(space_fn(key, kind), sch_rules=[], postprocs=_postprocs(kind, key.stage),
+                                         mutator_probs={})
+
+
 def refused_fused_points(key: NormKey, chunk_rows: int = 32, every_lane: bool = True) -> tuple:
     """(points checked, the points VerifyGPUCode refuses) of the fused backward space of ``key``:
     each structural variant built as the space builds it, at every chunk-lane count and
@@ -231,10 +241,8 @@ def search_session(keys, funcs, owner, kind: str, trials: int, work, builder, ru
     and the database.
     tune_batch runs it with the real builder and runner, scripts/search_overhead.py with fakes."""
     from ._tvm import IRModule, ms, target, without_tensor_intrinsics
-    from .sched.space import population_points, space_fn
-    spaces = {task: ms.space_generator.ScheduleFn(space_fn(owner[task][0], kind), sch_rules=[],
-                                                  postprocs=_postprocs(kind, owner[task][0].stage), mutator_probs={})
-              for task in funcs}
+    from .sched.space import population_points
+    spaces = {task: space_generator(owner[task][0], kind) for task in funcs}
     db = open_database(work)
     seeded, kept, peers = seed_candidates(db, funcs, owner, kind, builder, runner, committed)
     _say(f"seeded the default schedule of {seeded} of {len(funcs)} tasks as a candidate"
