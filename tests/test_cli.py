@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -234,6 +235,33 @@ def test_build_refuses_fewer_than_one_job(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode != 0 and "--jobs must be at least 1, got 0" in res.stderr
     assert not (tmp_path / "lib").exists()
+
+
+def test_build_tuned_only_takes_the_named_keys_that_have_records(tmp_path):
+    """--tuned-only builds the keys named (--hidden, --stages, --keys, ...) that have a record, and
+    all the records only where no key is named; a selection with no record stops, naming the
+    file. It once took every record whatever was named: the leases' A/B builds of a few keys
+    compiled the whole table (158 CUDA keys)."""
+    from tvmnorm.tune import save_records, schedules_path
+    fwd, bwd = (NormKey(norm="rmsnorm", stage=s, itype="fp32", wtype="fp32", otype="fp32", hidden_size=512)
+                for s in ("fwd", "bwd"))
+    committed = json.loads(next((pathlib.Path(__file__).parent.parent / "schedules").glob("llvm-*.json")).read_text())
+    records = {int(k, 16): v for k, v in committed["records"].items() if int(k, 16) in (fwd.pack(), bwd.pack())}
+    assert set(records) == {fwd.pack(), bwd.pack()}
+    save_records("llvm", records, tmp_path / "sch")
+    common = ["build", "--target", "llvm", "--tuned-only", "--schedules", str(tmp_path / "sch"), "--layouts", "compact"]
+
+    def built(out, *extra):
+        tvmnorm_cli(*common, "--out", str(tmp_path / out), *extra)
+        return [e["key"] for e in json.loads((tmp_path / out / MANIFEST).read_text())["kernels"]]
+    assert built("named", "--hidden", "512,768", "--norms", "rmsnorm", "--stages", "fwd", "--dtypes", "fp32") \
+        == [fwd.pack()]
+    assert built("packed", "--keys", f"{bwd.pack():#x}") == [bwd.pack()]
+    assert sorted(built("all")) == sorted(records)
+    res = subprocess.run([sys.executable, "-m", "tvmnorm", *common, "--hidden", "768", "--dtypes", "fp32",
+                          "--out", str(tmp_path / "none")], capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "--tuned-only: none of the keys named has a tuned record in " in res.stderr, res.stderr
+    assert str(schedules_path("llvm", tmp_path / "sch")) in res.stderr and not (tmp_path / "none").exists()
 
 
 def test_build_takes_jobs(tmp_path):

@@ -40,12 +40,15 @@ def _chunk_rows(s):
 
 
 def add_key_args(p, stages_default="fwd,bwd"):
-    """Options that select a set of keys: shapes from the catalog or hidden sizes named directly."""
+    """Options that select a set of keys: shapes from the catalog or hidden sizes named directly.
+    --norms, --stages and --dtypes default to None (see keys_from_args), so that names_keys can
+    tell a selection given from the defaults."""
     p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all")
     p.add_argument("--hidden", default=None, help="hidden sizes, e.g. 768,4096 (instead of --shapes)")
-    p.add_argument("--norms", default="rmsnorm,layernorm", help="rmsnorm,layernorm")
-    p.add_argument("--stages", default=stages_default, help="fwd,bwd,bwd_add,fwd_add")
-    p.add_argument("--dtypes", default="bf16", help="itype=wtype=otype for each, e.g. bf16,fp16,fp32")
+    p.add_argument("--norms", default=None, help="rmsnorm,layernorm (default: both)")
+    p.add_argument("--stages", default=None, help=f"fwd,bwd,bwd_add,fwd_add (default: {stages_default})")
+    p.add_argument("--dtypes", default=None, help="itype=wtype=otype for each, e.g. bf16,fp16,fp32 (default: bf16)")
+    p.set_defaults(stages_default=stages_default)
     p.add_argument("--fp8", default=None, help="also fp8-output keys of the forward stages with this otype "
                                                "(fp8e4m3|fp8e5m2)")
     p.add_argument("--zero-centered-gamma", action="store_true", help="keys with zero-centred gamma")
@@ -82,7 +85,9 @@ def keys_from_args(args) -> list:
         hiddens = parse_hidden(args.hidden) if args.hidden else hidden_sizes(args.shapes or "all")
     except ValueError as e:
         raise SystemExit(f"--keys: {e}" if args.keys else str(e)) from None
-    norms, stages, dtypes = _csv(args.norms), _csv(args.stages), _csv(args.dtypes)
+    norms = _csv(args.norms or "rmsnorm,layernorm")
+    stages = _csv(args.stages or args.stages_default)
+    dtypes = _csv(args.dtypes or "bf16")
     for name, vals, allowed in (("norm", norms, NORMS), ("stage", stages, STAGES), ("dtype", dtypes, DTYPES)):
         bad = [v for v in vals if v not in allowed]
         if bad:
@@ -99,6 +104,12 @@ def keys_from_args(args) -> list:
                         keys.append(NormKey(norm=norm, stage=stage, itype=dt, wtype=dt, otype=args.fp8,
                                             hidden_size=h, zero_centered_gamma=args.zero_centered_gamma))
     return list(dict.fromkeys(keys))
+
+
+def names_keys(args) -> bool:
+    """Whether any option of add_key_args was given, rather than all left at their defaults."""
+    return any(getattr(args, name) for name in ("keys", "shapes", "hidden", "norms", "stages", "dtypes", "fp8",
+                                                "zero_centered_gamma"))
 
 
 def check_arch(keys, target: str) -> None:
@@ -139,6 +150,7 @@ def library_out(args) -> pathlib.Path:
 
 def cmd_build(args):
     from .build import build_library
+    from .tune import schedules_path
     if args.arch:
         if args.target != "cuda":
             raise SystemExit(f"--arch is a CUDA GPU's (sm_80, sm_90, ...); --target is {args.target}")
@@ -156,7 +168,12 @@ def cmd_build(args):
     check_arch(keys, args.target)
     records = {} if args.no_tuned else _records_for(args.target, args.schedules)
     if args.tuned_only:
-        keys = [NormKey.unpack(p) for p in records]
+        # the keys named that have a record; with none named, every record of the file
+        keys = [k for k in keys if k.pack() in records] if names_keys(args) else [NormKey.unpack(p) for p in records]
+        if not keys:
+            which = "none of the keys named has a" if names_keys(args) else "there is no"
+            raise SystemExit(f"--tuned-only: {which} tuned record in {schedules_path(args.target, args.schedules)}"
+                             + (" (--no-tuned reads none)" if args.no_tuned else ""))
         check_arch(keys, args.target)
     build_library(keys, args.target, library_out(args), records=records, jobs=args.jobs, layouts=args.layouts)
 
