@@ -237,6 +237,21 @@ def test_build_refuses_fewer_than_one_job(tmp_path):
     assert not (tmp_path / "lib").exists()
 
 
+def test_key_options_default_and_tell_a_selection_given():
+    """add_key_args' --norms, --stages (the command's default) and --dtypes fill in when not
+    given, and names_keys tells any option given, a default's value named included, from none."""
+    import argparse
+    from tvmnorm.cli import add_key_args, keys_from_args, names_keys
+    p = argparse.ArgumentParser()
+    add_key_args(p, stages_default="fwd,bwd_add")
+    given = p.parse_args(["--hidden", "512"])
+    assert keys_from_args(given) == [NormKey(norm=n, stage=s, hidden_size=512)
+                                     for n in ("rmsnorm", "layernorm") for s in ("fwd", "bwd_add")]
+    assert names_keys(given) and names_keys(p.parse_args(["--dtypes", "bf16"]))
+    assert not names_keys(p.parse_args([]))
+    assert {k.stage for k in keys_from_args(p.parse_args([]))} == {"fwd", "bwd_add"}
+
+
 def test_build_tuned_only_takes_the_named_keys_that_have_records(tmp_path):
     """--tuned-only builds the keys named (--hidden, --stages, --keys, ...) that have a record, and
     all the records only where no key is named; a selection with no record stops, naming the
