@@ -9,7 +9,7 @@
 # .device/next/verify.sh (lease 51's five backward records on this machine), then the tune.
 source bench/lease_env.sh || exit 1
 if [ "$PHASE" = verify ]; then
-  (source .device/next/verify.sh) > "$X/verify.log" 2>&1; el "verify rc $?"; tail -45 "$X/verify.log" | cut -c1-160
+  (OLD=.device/next/old; source .device/next/verify.sh) > "$X/verify.log" 2>&1; el "verify rc $?"; tail -45 "$X/verify.log" | cut -c1-160
   PHASE=tune
 fi
 if [ "$JOB" = fwd ]; then
