@@ -257,11 +257,11 @@ def test_build_tuned_only_takes_the_named_keys_that_have_records(tmp_path):
     all the records only where no key is named; a selection with no record stops, naming the
     file. It once took every record whatever was named: the leases' A/B builds of a few keys
     compiled the whole table (158 CUDA keys)."""
-    from tvmnorm.tune import save_records, schedules_path
+    from tvmnorm.tune import read_records, save_records, schedules_path
     fwd, bwd = (NormKey(norm="rmsnorm", stage=s, itype="fp32", wtype="fp32", otype="fp32", hidden_size=512)
                 for s in ("fwd", "bwd"))
-    committed = json.loads(next((pathlib.Path(__file__).parent.parent / "schedules").glob("llvm-*.json")).read_text())
-    records = {int(k, 16): v for k, v in committed["records"].items() if int(k, 16) in (fwd.pack(), bwd.pack())}
+    committed = read_records(next((pathlib.Path(__file__).parent.parent / "schedules").glob("llvm-*.json")))
+    records = {k: v for k, v in committed.items() if k in (fwd.pack(), bwd.pack())}
     assert set(records) == {fwd.pack(), bwd.pack()}
     save_records("llvm", records, tmp_path / "sch")
     common = ["build", "--target", "llvm", "--tuned-only", "--schedules", str(tmp_path / "sch"), "--layouts", "compact"]

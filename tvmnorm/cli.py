@@ -169,9 +169,10 @@ def cmd_build(args):
     records = {} if args.no_tuned else _records_for(args.target, args.schedules)
     if args.tuned_only:
         # the keys named that have a record; with none named, every record of the file
-        keys = [k for k in keys if k.pack() in records] if names_keys(args) else [NormKey.unpack(p) for p in records]
+        named = names_keys(args)
+        keys = [k for k in keys if k.pack() in records] if named else [NormKey.unpack(p) for p in records]
         if not keys:
-            which = "none of the keys named has a" if names_keys(args) else "there is no"
+            which = "none of the keys named has a" if named else "there is no"
             raise SystemExit(f"--tuned-only: {which} tuned record in {schedules_path(args.target, args.schedules)}"
                              + (" (--no-tuned reads none)" if args.no_tuned else ""))
         check_arch(keys, args.target)
