@@ -39,15 +39,21 @@ def _chunk_rows(s):
         raise argparse.ArgumentTypeError(f"expected T values like 16,32 or 'all', got {s!r}") from None
 
 
+# what keys_from_args takes for an option of add_key_args left out (its help says the same)
+DEFAULT_NORMS = "rmsnorm,layernorm"
+DEFAULT_DTYPES = "bf16"
+
+
 def add_key_args(p, stages_default="fwd,bwd"):
     """Options that select a set of keys: shapes from the catalog or hidden sizes named directly.
     --norms, --stages and --dtypes default to None (see keys_from_args), so that names_keys can
     tell a selection given from the defaults."""
     p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all")
     p.add_argument("--hidden", default=None, help="hidden sizes, e.g. 768,4096 (instead of --shapes)")
-    p.add_argument("--norms", default=None, help="rmsnorm,layernorm (default: both)")
+    p.add_argument("--norms", default=None, help=f"rmsnorm,layernorm (default: {DEFAULT_NORMS})")
     p.add_argument("--stages", default=None, help=f"fwd,bwd,bwd_add,fwd_add (default: {stages_default})")
-    p.add_argument("--dtypes", default=None, help="itype=wtype=otype for each, e.g. bf16,fp16,fp32 (default: bf16)")
+    p.add_argument("--dtypes", default=None,
+                   help=f"itype=wtype=otype for each, e.g. bf16,fp16,fp32 (default: {DEFAULT_DTYPES})")
     p.set_defaults(stages_default=stages_default)
     p.add_argument("--fp8", default=None, help="also fp8-output keys of the forward stages with this otype "
                                                "(fp8e4m3|fp8e5m2)")
@@ -85,9 +91,9 @@ def keys_from_args(args) -> list:
         hiddens = parse_hidden(args.hidden) if args.hidden else hidden_sizes(args.shapes or "all")
     except ValueError as e:
         raise SystemExit(f"--keys: {e}" if args.keys else str(e)) from None
-    norms = _csv(args.norms or "rmsnorm,layernorm")
+    norms = _csv(args.norms or DEFAULT_NORMS)
     stages = _csv(args.stages or args.stages_default)
-    dtypes = _csv(args.dtypes or "bf16")
+    dtypes = _csv(args.dtypes or DEFAULT_DTYPES)
     for name, vals, allowed in (("norm", norms, NORMS), ("stage", stages, STAGES), ("dtype", dtypes, DTYPES)):
         bad = [v for v in vals if v not in allowed]
         if bad:
@@ -165,7 +171,6 @@ def cmd_build(args):
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     keys = keys_from_args(args)
-    check_arch(keys, args.target)
     records = {} if args.no_tuned else _records_for(args.target, args.schedules)
     if args.tuned_only:
         # the keys named that have a record; with none named, every record of the file
@@ -175,7 +180,8 @@ def cmd_build(args):
             which = "none of the keys named has a" if named else "there is no"
             raise SystemExit(f"--tuned-only: {which} tuned record in {schedules_path(args.target, args.schedules)}"
                              + (" (--no-tuned reads none)" if args.no_tuned else ""))
-        check_arch(keys, args.target)
+    # on the keys to be built: --tuned-only's may hold fp8 keys the selection did not, or lose them
+    check_arch(keys, args.target)
     build_library(keys, args.target, library_out(args), records=records, jobs=args.jobs, layouts=args.layouts)
 
 
