@@ -1,0 +1,28 @@
+# lease 52. JOB=fwd: retune the bf16 forward of the whole catalog with the search as of d2d314c (no
+# RewriteReductionBlock in the forward either: before it, a forward candidate's per-warp combine
+# had its init hoisted, so the search timed kernels the library never builds), seeded with the
+# committed records (RETUNE=1). JOB=bwd_add: tune the catalog's bf16 backward-with-add keys that
+# have no record (rmsnorm 4096, 5120; layernorm 896-5120). PHASE=tune advances the tune
+# (resumable); PHASE=bench builds the library, checks every record against float64, benchmarks
+# tuned, default, torch eager and Liger at 16384 tokens and runs `tune accept` against the
+# committed records' H200 benchmarks (bench/results/h200-tuned.json). PHASE=verify first runs
+# .device/next/verify.sh (lease 51's five backward records on this machine), then the tune.
+source bench/lease_env.sh || exit 1
+if [ "$PHASE" = verify ]; then
+  (OLD=.device/next/old; source .device/next/verify.sh) > "$X/verify.log" 2>&1; el "verify rc $?"; tail -45 "$X/verify.log" | cut -c1-160
+  PHASE=tune
+fi
+if [ "$JOB" = fwd ]; then
+  export STAGES=fwd RETUNE=1 BENCH_OPS=rmsnorm_fwd,layernorm_fwd
+else
+  export STAGES=bwd_add BENCH_OPS=rmsnorm_bwd_add,layernorm_bwd_add
+fi
+export DTYPES=${DTYPES:-bf16} TRIALS=${TRIALS:-32} STATE=/tmp/tvmnorm-tune-$JOB
+if [ "$PHASE" = tune ]; then
+  TUNE_ONLY=1 TUNE_SECONDS=${TUNE_SECONDS:-270} OUT=$X bash bench/h200_tune.sh > "$X/h200-tune.log" 2>&1
+  el "tune rc $?"; grep "^tuned\|^tuning\|stopping" "$X/h200-tune.log" | tail -30 | cut -c1-200
+else
+  BENCH=1 TUNE_SECONDS=${TUNE_SECONDS:-200} CHECK_SECONDS=${CHECK_SECONDS:-100} BENCH_SECONDS=${BENCH_SECONDS:-240} \
+    OUT=$X bash bench/h200_tune.sh > "$X/h200-tune.log" 2>&1
+  el "bench rc $?"; tail -30 "$X/h200-tune.log" | cut -c1-200; ls "$X"
+fi
