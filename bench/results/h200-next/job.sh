@@ -19,8 +19,10 @@ else
 fi
 export DTYPES=${DTYPES:-bf16} TRIALS=${TRIALS:-32} STATE=/tmp/tvmnorm-tune-$JOB
 if [ "$PHASE" = tune ]; then
-  TUNE_ONLY=1 TUNE_SECONDS=${TUNE_SECONDS:-270} OUT=$X bash bench/h200_tune.sh > "$X/h200-tune.log" 2>&1
-  el "tune rc $?"; grep "^tuned\|^tuning\|stopping" "$X/h200-tune.log" | tail -30 | cut -c1-200
+  # its own logs: the bench phase's run of h200_tune.sh writes tune.log and h200-tune.log again
+  TUNE_ONLY=1 TUNE_SECONDS=${TUNE_SECONDS:-270} OUT=$X bash bench/h200_tune.sh > "$X/h200-tune-phase.log" 2>&1
+  el "tune rc $?"; cp "$X/tune.log" "$X/tune-phase.log"
+  grep "^tuned\|^tuning\|stopping" "$X/h200-tune-phase.log" | tail -30 | cut -c1-200
 else
   BENCH=1 TUNE_SECONDS=${TUNE_SECONDS:-200} CHECK_SECONDS=${CHECK_SECONDS:-100} BENCH_SECONDS=${BENCH_SECONDS:-240} \
     OUT=$X bash bench/h200_tune.sh > "$X/h200-tune.log" 2>&1
