@@ -8,7 +8,7 @@ export JOB=bwd_add
 if [ "${PHASE:-}" = bench ]; then
   TUNE_SECONDS=120 CHECK_SECONDS=90 BENCH_SECONDS=200 bash .device/next/job.sh
 elif nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  PHASE=verify TUNE_SECONDS=240 bash .device/next/job.sh
+  PHASE=verify TUNE_SECONDS=160 bash .device/next/job.sh
 else
   PHASE=tune TUNE_SECONDS=200 bash .device/next/job.sh
   PHASE=bench TUNE_SECONDS=100 CHECK_SECONDS=80 BENCH_SECONDS=170 bash .device/next/job.sh
