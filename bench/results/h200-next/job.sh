@@ -10,7 +10,7 @@
 source bench/lease_env.sh || exit 1
 if [ "$PHASE" = verify ]; then
   (OLD=.device/next/old; source .device/next/verify.sh) > "$X/verify.log" 2>&1; el "verify rc $?"; tail -45 "$X/verify.log" | cut -c1-160
-  PHASE=tune
+  PHASE=${AFTER:-tune}  # AFTER=bench: the tune, check and bench in this call
 fi
 if [ "$JOB" = fwd ]; then
   export STAGES=fwd RETUNE=1 BENCH_OPS=rmsnorm_fwd,layernorm_fwd
