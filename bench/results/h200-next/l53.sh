@@ -6,7 +6,7 @@
 # the default of the same run). On an H100, where verify.sh means nothing: the same without it.
 # the widths of the keys without a record (rmsnorm 4096, 5120; layernorm 896-5120): the bench times
 # those cases alone (rmsnorm 896-3584 ride along, their records not due)
-export JOB=bwd_add HIDDEN=896,1024,1536,2048,2560,3584,4096,5120
+export JOB=bwd_add HIDDEN=${HIDDEN:-896,1024,1536,2048,2560,3584,4096,5120}
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   AFTER=bench PHASE=verify TUNE_SECONDS=${TUNE_S:-150} CHECK_SECONDS=${CHECK_S:-60} BENCH_SECONDS=${BENCH_S:-120} \
     bash .device/next/job.sh
