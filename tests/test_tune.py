@@ -1602,7 +1602,7 @@ def test_tune_with_a_failed_batch_says_so_and_exits_nonzero(tmp_path, monkeypatc
                               batch=1, time_limit=None, key_seconds=None, seed=1, build_workers=1,
                               overlap_builds=False, no_build=True)
     with pytest.raises(SystemExit) as stop:
-        tune.tune_main(args, keys)
+        tune.tune_main(args, keys, None)
     assert stop.value.code == 1
     err = capsys.readouterr().err
     assert "failed: broken on purpose" in err

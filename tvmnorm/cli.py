@@ -48,17 +48,19 @@ def add_key_args(p, stages_default="fwd,bwd"):
     """Options that select a set of keys: shapes from the catalog or hidden sizes named directly.
     --norms, --stages and --dtypes default to None (see keys_from_args), so that names_keys can
     tell a selection given from the defaults."""
-    p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all")
-    p.add_argument("--hidden", default=None, help="hidden sizes, e.g. 768,4096 (instead of --shapes)")
-    p.add_argument("--norms", default=None, help=f"rmsnorm,layernorm (default: {DEFAULT_NORMS})")
-    p.add_argument("--stages", default=None, help=f"fwd,bwd,bwd_add,fwd_add (default: {stages_default})")
-    p.add_argument("--dtypes", default=None,
-                   help=f"itype=wtype=otype for each, e.g. bf16,fp16,fp32 (default: {DEFAULT_DTYPES})")
-    p.set_defaults(stages_default=stages_default)
-    p.add_argument("--fp8", default=None, help="also fp8-output keys of the forward stages with this otype "
-                                               "(fp8e4m3|fp8e5m2)")
-    p.add_argument("--zero-centered-gamma", action="store_true", help="keys with zero-centred gamma")
-    p.add_argument("--keys", default=None, help="packed keys (decimal or 0x hex), comma separated")
+    opts = [
+        p.add_argument("--shapes", default=None, help="catalog groups, e.g. deepseek,qwen,qknorm or all"),
+        p.add_argument("--hidden", default=None, help="hidden sizes, e.g. 768,4096 (instead of --shapes)"),
+        p.add_argument("--norms", default=None, help=f"rmsnorm,layernorm (default: {DEFAULT_NORMS})"),
+        p.add_argument("--stages", default=None, help=f"fwd,bwd,bwd_add,fwd_add (default: {stages_default})"),
+        p.add_argument("--dtypes", default=None,
+                       help=f"itype=wtype=otype for each, e.g. bf16,fp16,fp32 (default: {DEFAULT_DTYPES})"),
+        p.add_argument("--fp8", default=None, help="also fp8-output keys of the forward stages with this otype "
+                                                   "(fp8e4m3|fp8e5m2)"),
+        p.add_argument("--zero-centered-gamma", action="store_true", help="keys with zero-centred gamma"),
+        p.add_argument("--keys", default=None, help="packed keys (decimal or 0x hex), comma separated"),
+    ]
+    p.set_defaults(stages_default=stages_default, key_dests=tuple(o.dest for o in opts))
 
 
 def add_layouts_arg(p):
@@ -114,8 +116,7 @@ def keys_from_args(args) -> list:
 
 def names_keys(args) -> bool:
     """Whether any option of add_key_args was given, rather than all left at their defaults."""
-    return any(getattr(args, name) for name in ("keys", "shapes", "hidden", "norms", "stages", "dtypes", "fp8",
-                                                "zero_centered_gamma"))
+    return any(getattr(args, name) for name in args.key_dests)
 
 
 def check_arch(keys, target: str) -> None:
@@ -215,7 +216,8 @@ def cmd_tune(args):
     from .tune import tune_main
     keys = keys_from_args(args)
     check_arch(keys, args.target)
-    tune_main(args, keys)
+    # checked now, not after the search
+    tune_main(args, keys, None if args.no_build else library_out(args))
 
 
 def cmd_bench(args):

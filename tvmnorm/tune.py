@@ -729,7 +729,8 @@ def run_lock(*paths):
         yield
 
 
-def tune_main(args, keys) -> None:
+def tune_main(args, keys, out: pathlib.Path | None) -> None:
+    """Tunes ``keys`` under the run lock, then builds the library at ``out`` (None: no build)."""
     kind = args.target
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
@@ -737,8 +738,6 @@ def tune_main(args, keys) -> None:
     # a schedules file that does not parse stops the run before it leaves a trace (the lock's
     # files); the run reads it again under the lock
     records_or_stop(kind, args.schedules)
-    from .cli import library_out
-    out = None if args.no_build else library_out(args)  # checked now, not after the search
     with run_lock(schedules_path(kind, args.schedules), pathlib.Path(args.logs) / target_name(kind)):
         _tune(args, keys, out)
 
