@@ -11,7 +11,7 @@ for v in old new; do
   timeout 240 python -m tvmnorm build "${sel[@]}" --schedules "$([ $v = old ] && echo schedules || echo .device/next/l53acc)" \
     --out /tmp/lib-$v > "$X/build-$v.log" 2>&1 &
 done
-wait; el "built"; tail -1 "$X/build-old.log" "$X/build-new.log"
+wait; el "built"; tail -n 1 "$X/build-old.log" "$X/build-new.log"
 TVMNORM_LIBRARY=/tmp/lib-new timeout 60 python bench/gpu_check.py --tuned --out "$X" > "$X/check-new.log" 2>&1
 el "check new rc $?"; tail -2 "$X/check-new.log"
 for r in old-0 new-0 new-1 old-1; do
