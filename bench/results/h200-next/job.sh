@@ -2,7 +2,8 @@
 # RewriteReductionBlock in the forward either: before it, a forward candidate's per-warp combine
 # had its init hoisted, so the search timed kernels the library never builds), seeded with the
 # committed records (RETUNE=1). JOB=bwd_add: tune the catalog's bf16 backward-with-add keys that
-# have no record (rmsnorm 4096, 5120; layernorm 896-5120). PHASE=tune advances the tune
+# have no record (rmsnorm 4096, 5120; layernorm 896-5120). JOB=fwd_add: the residual add + norm
+# forward (lease 55: DTYPES=fp16, which has no record). PHASE=tune advances the tune
 # (resumable); PHASE=bench builds the library, checks every record against float64, benchmarks
 # tuned, default, torch eager and Liger at 16384 tokens and runs `tune accept` against the
 # committed records' H200 benchmarks (bench/results/h200-tuned.json). PHASE=verify first runs
@@ -14,6 +15,8 @@ if [ "$PHASE" = verify ]; then
 fi
 if [ "$JOB" = fwd ]; then
   export STAGES=fwd RETUNE=1 BENCH_OPS=rmsnorm_fwd,layernorm_fwd
+elif [ "$JOB" = fwd_add ]; then
+  export STAGES=fwd_add BENCH_OPS=rmsnorm_fwd_add,layernorm_fwd_add
 else
   export STAGES=bwd_add BENCH_OPS=rmsnorm_bwd_add,layernorm_bwd_add
 fi
