@@ -4,7 +4,8 @@
 # and timed here beside the default, torch eager and torch.compile: the library of the committed
 # bwd_add records at 896-5120 (both norms; rmsnorm 896-3584's records came from an H200 earlier).
 # On an H100 it does nothing: verify.sh means nothing there, and the H100's bwd_add timings and
-# A/B exist (../h200-run53/, ../h200-run54/, the latter from ab53.sh, which this script ran then).
+# A/B exist (../h200-run53/, ../h200-run54/: the latter from ../h200-run54/ab53.sh, which this
+# script ran then).
 source bench/lease_env.sh || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { el "not an H200: nothing to do"; exit 0; }
 (OLD=.device/next/old; source .device/next/verify.sh) > "$X/verify.log" 2>&1; el "verify rc $?"
