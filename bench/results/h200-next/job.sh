@@ -3,7 +3,8 @@
 # had its init hoisted, so the search timed kernels the library never builds), seeded with the
 # committed records (RETUNE=1). JOB=bwd_add: tune the catalog's bf16 backward-with-add keys that
 # have no record (rmsnorm 4096, 5120; layernorm 896-5120). JOB=fwd_add: the residual add + norm
-# forward (lease 55: DTYPES=fp16, which has no record). PHASE=tune advances the tune
+# forward (lease 55: DTYPES=fp16, which has no record); JOB=fwd_add_fp8 its fp8e4m3-output keys
+# (lease 57). PHASE=tune advances the tune
 # (resumable); PHASE=bench builds the library, checks every record against float64, benchmarks
 # tuned, default, torch eager and Liger at 16384 tokens and runs `tune accept` against the
 # committed records' H200 benchmarks (bench/results/h200-tuned.json). PHASE=verify first runs
@@ -17,6 +18,13 @@ if [ "$JOB" = fwd ]; then
   export STAGES=fwd RETUNE=1 BENCH_OPS=rmsnorm_fwd,layernorm_fwd
 elif [ "$JOB" = fwd_add ]; then
   export STAGES=fwd_add BENCH_OPS=rmsnorm_fwd_add,layernorm_fwd_add
+elif [ "$JOB" = fwd_add_fp8 ]; then
+  # the fp8e4m3-output keys of HIDDEN alone (KEYS): with FP8 the bf16 fwd_add keys rode along,
+  # and their records, at 16-24 trials, were due again at 32 and took half of lease 57's tune
+  export STAGES=fwd_add BENCH_OPS=rmsnorm_fwd_add_fp8,layernorm_fwd_add_fp8
+  export KEYS=${KEYS:-$(python -c "import sys; from tvmnorm.key import NormKey; print(','.join(
+    f'{NormKey(norm=n, stage=\"fwd_add\", itype=\"bf16\", wtype=\"bf16\", otype=\"fp8e4m3\", hidden_size=int(h)).pack():#x}'
+    for h in sys.argv[1].split(',') for n in ('rmsnorm', 'layernorm')))" "$HIDDEN")}
 else
   export STAGES=bwd_add BENCH_OPS=rmsnorm_bwd_add,layernorm_bwd_add
 fi
