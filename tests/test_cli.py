@@ -83,6 +83,38 @@ def test_list_without_library_fails_clearly(tmp_path):
     assert res.returncode != 0 and "no library" in res.stderr
 
 
+def test_list_records_reads_a_gpus_records_without_the_gpu_or_a_library(tmp_path, capsys, monkeypatch):
+    """`tvmnorm list --records`: a line a record of schedules/<target-arch>.json, with its trials,
+    rows, T, the search's time and whether it is the default rule's schedule, on a machine with
+    neither that GPU nor a built library; --arch and --schedules pick the file."""
+    from tvmnorm.cli import main
+    from tvmnorm.tune import read_records, save_records, schedules_path
+    monkeypatch.setenv("TVMNORM_CUDA_ARCH", "sm_90")  # --arch sets it; undone after the test
+    committed = read_records(schedules_path("cuda"))
+    main(["list", "--records", "--target", "cuda", "--arch", "sm_90"])
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.endswith(f"cuda-sm_90.json: {len(committed)} records")
+    assert [int(ln.split()[0], 16) for ln in lines] == sorted(committed)
+    # one tuned backward record and one the default rule's schedule, listed from another folder
+    bwd = next(k for k, r in committed.items() if r.get("rows_per_partial") and r.get("run_us"))
+    won = next(k for k, r in committed.items() if r.get("default_won"))
+    save_records("cuda", {k: committed[k] for k in (bwd, won)}, tmp_path)
+    main(["list", "--records", "--target", "cuda", "--arch", "sm_90", "--schedules", str(tmp_path)])
+    _, first, second = capsys.readouterr().out.splitlines()
+    listed = {int(ln.split()[0], 16): ln for ln in (first, second)}
+    rec = committed[bwd]
+    assert NormKey.unpack(bwd).describe() in listed[bwd]
+    assert (f"[{rec['trials']} trials at {rec['rows']} rows, T={rec['rows_per_partial']}, "
+            f"dx {rec['run_us']['dx']:.1f} us]") in listed[bwd]
+    assert listed[won].endswith(": the default rule's schedule]") and "default rule" not in listed[bwd]
+    with pytest.raises(SystemExit, match="no records in .*cuda-sm_80.json"):
+        main(["list", "--records", "--target", "cuda", "--arch", "sm_80", "--schedules", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--arch is a CUDA GPU's"):
+        main(["list", "--records", "--target", "llvm", "--arch", "sm_90"])
+    with pytest.raises(SystemExit, match="no library at .*or `tvmnorm list --records`"):
+        main(["list", "--target", "cuda", "--library", str(tmp_path)])
+
+
 def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch):
     """scripts/warm_cache.py builds default kernels into the cache layout the registry uses (x's
     layouts too), so a GPU lease loads them instead of compiling (llvm here; CUDA goes through

@@ -155,20 +155,33 @@ def library_out(args) -> pathlib.Path:
     return out
 
 
+def use_arch(args) -> None:
+    """--arch of build and list --records: the CUDA GPU whose records (schedules/cuda-<arch>.json)
+    and kernels the command is for."""
+    if not args.arch:
+        return
+    if args.target != "cuda":
+        raise SystemExit(f"--arch is a CUDA GPU's (sm_80, sm_90, ...); --target is {args.target}")
+    from .targets import checked_cuda_arch
+    try:
+        checked_cuda_arch(args.arch, "--arch")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    # the variable, not an argument threaded through: the records' file, the build and the
+    # manifest all follow it, as they do when a user sets it
+    os.environ["TVMNORM_CUDA_ARCH"] = args.arch
+
+
+def add_arch_arg(p) -> None:
+    p.add_argument("--arch", default=None,
+                   help="CUDA: the GPU to build for, e.g. sm_80 (default: $TVMNORM_CUDA_ARCH, else this "
+                        "machine's GPU, else sm_90); its records are schedules/cuda-<arch>.json")
+
+
 def cmd_build(args):
     from .build import build_library
     from .tune import schedules_path
-    if args.arch:
-        if args.target != "cuda":
-            raise SystemExit(f"--arch is a CUDA GPU's (sm_80, sm_90, ...); --target is {args.target}")
-        from .targets import checked_cuda_arch
-        try:
-            checked_cuda_arch(args.arch, "--arch")
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-        # the variable, not an argument threaded through: the records' file, the build and the
-        # manifest all follow it, as they do when a user sets it
-        os.environ["TVMNORM_CUDA_ARCH"] = args.arch
+    use_arch(args)
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     keys = keys_from_args(args)
@@ -186,13 +199,38 @@ def cmd_build(args):
     build_library(keys, args.target, library_out(args), records=records, jobs=args.jobs, layouts=args.layouts)
 
 
+def list_records(args) -> None:
+    """The records a build of ``args.target`` takes (schedules/<target-arch>.json), a line a key:
+    what a GPU's tune chose can be read on a machine without that GPU or a library."""
+    from .tune import schedules_path
+    use_arch(args)
+    path = schedules_path(args.target, args.schedules)
+    records = _records_for(args.target, args.schedules)
+    if not records:
+        raise SystemExit(f"no records in {path}")
+    print(f"# {path}: {len(records)} records")
+    for packed, rec in sorted(records.items()):
+        k = NormKey.unpack(packed)
+        zc = ", zero_centered_gamma" if k.zero_centered_gamma else ""
+        chunk = f", T={rec['rows_per_partial']}" if rec.get("rows_per_partial") else ""
+        # the search's time of each part's kernel at the rows it tuned at (a default-schedule
+        # record, which lost to the default in its library, keeps none)
+        timed = "".join(f", {part} {us:.1f} us" for part, us in sorted(rec.get("run_us", {}).items()))
+        won = ": the default rule's schedule" if rec.get("default_won") else ""
+        print(f"{packed:#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  "
+              f"[{rec.get('trials', 0)} trials at {rec.get('rows')} rows{chunk}{timed}{won}]")
+
+
 def cmd_list(args):
     from .build import MANIFEST
     from .runtime import default_library_path
+    if args.records:
+        return list_records(args)
     path = pathlib.Path(args.library) if args.library else default_library_path(args.target)
     mf = path / MANIFEST
     if not mf.exists():
-        raise SystemExit(f"no library at {path} (run `tvmnorm build --target {args.target}` first)")
+        raise SystemExit(f"no library at {path} (run `tvmnorm build --target {args.target}` first, "
+                         "or `tvmnorm list --records` for the tuned records a build takes)")
     manifest = json.loads(mf.read_text())
     # a CUDA library's later kernels of a call launch with programmatic dependent launch unless
     # it was built with TVMNORM_PDL=0 (libraries built before the flag do not say)
@@ -273,14 +311,18 @@ def main(argv=None):
                    help="directory of <target-arch>.json records (default: the committed schedules/)")
     p.add_argument("--jobs", type=int, default=None,
                    help="CUDA: nvcc processes at once, one .cu each (default: the usable cores)")
-    p.add_argument("--arch", default=None,
-                   help="CUDA: the GPU to build for, e.g. sm_80 (default: $TVMNORM_CUDA_ARCH, else this "
-                        "machine's GPU, else sm_90); its records are schedules/cuda-<arch>.json")
+    add_arch_arg(p)
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("list", help="list the keys in a library")
+    p = sub.add_parser("list", help="list the keys in a library, or (--records) the tuned records a build takes")
     p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
     p.add_argument("--library", default=None, help="library directory")
+    p.add_argument("--records", action="store_true",
+                   help="list the tuned records of <schedules>/<target-arch>.json instead (no library needed): "
+                        "trials, rows tuned at, T and the search's time of each key")
+    p.add_argument("--schedules", default=None,
+                   help="with --records: directory of <target-arch>.json records (default: the committed schedules/)")
+    add_arch_arg(p)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("bench", help="benchmark tvmnorm against peers and the copy roofline")
@@ -292,7 +334,13 @@ def main(argv=None):
     p.set_defaults(func=cmd_bench)
 
     args = parser.parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except BrokenPipeError:
+        # `tvmnorm list ... | head`: the reader has gone; say nothing more (Python's recipe: point
+        # stdout at devnull so that the interpreter's final flush does not raise again)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
