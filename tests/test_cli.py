@@ -113,6 +113,8 @@ def test_list_records_reads_a_gpus_records_without_the_gpu_or_a_library(tmp_path
         main(["list", "--records", "--target", "llvm", "--arch", "sm_90"])
     with pytest.raises(SystemExit, match="no library at .*or `tvmnorm list --records`"):
         main(["list", "--target", "cuda", "--library", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--schedules and --arch pick the records `tvmnorm list --records`"):
+        main(["list", "--target", "cuda", "--arch", "sm_90"])
 
 
 def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch):

@@ -172,9 +172,9 @@ def use_arch(args) -> None:
     os.environ["TVMNORM_CUDA_ARCH"] = args.arch
 
 
-def add_arch_arg(p) -> None:
+def add_arch_arg(p, what: str = "the GPU to build for") -> None:
     p.add_argument("--arch", default=None,
-                   help="CUDA: the GPU to build for, e.g. sm_80 (default: $TVMNORM_CUDA_ARCH, else this "
+                   help=f"CUDA: {what}, e.g. sm_80 (default: $TVMNORM_CUDA_ARCH, else this "
                         "machine's GPU, else sm_90); its records are schedules/cuda-<arch>.json")
 
 
@@ -213,8 +213,8 @@ def list_records(args) -> None:
         k = NormKey.unpack(packed)
         zc = ", zero_centered_gamma" if k.zero_centered_gamma else ""
         chunk = f", T={rec['rows_per_partial']}" if rec.get("rows_per_partial") else ""
-        # the search's time of each part's kernel at the rows it tuned at (a default-schedule
-        # record, which lost to the default in its library, keeps none)
+        # the search's time of each part's kernel at the rows it tuned at (a record that lost to
+        # the default in its library, and took the default's schedule, keeps none)
         timed = "".join(f", {part} {us:.1f} us" for part, us in sorted(rec.get("run_us", {}).items()))
         won = ": the default rule's schedule" if rec.get("default_won") else ""
         print(f"{packed:#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  "
@@ -226,6 +226,9 @@ def cmd_list(args):
     from .runtime import default_library_path
     if args.records:
         return list_records(args)
+    if args.schedules or args.arch:
+        raise SystemExit("--schedules and --arch pick the records `tvmnorm list --records` lists; "
+                         "a library's manifest names its own arch")
     path = pathlib.Path(args.library) if args.library else default_library_path(args.target)
     mf = path / MANIFEST
     if not mf.exists():
@@ -322,7 +325,7 @@ def main(argv=None):
                         "trials, rows tuned at, T and the search's time of each key")
     p.add_argument("--schedules", default=None,
                    help="with --records: directory of <target-arch>.json records (default: the committed schedules/)")
-    add_arch_arg(p)
+    add_arch_arg(p, "with --records: the GPU whose records to list")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("bench", help="benchmark tvmnorm against peers and the copy roofline")
