@@ -109,6 +109,7 @@ def test_list_records_reads_a_gpus_records_without_the_gpu_or_a_library(tmp_path
     assert listed[won].endswith(": the default rule's schedule]") and "default rule" not in listed[bwd]
     with pytest.raises(SystemExit, match="no records in .*cuda-sm_80.json"):
         main(["list", "--records", "--target", "cuda", "--arch", "sm_80", "--schedules", str(tmp_path)])
+    assert "building" not in capsys.readouterr().err  # build's word on an empty --schedules is build's
     with pytest.raises(SystemExit, match="--arch is a CUDA GPU's"):
         main(["list", "--records", "--target", "llvm", "--arch", "sm_90"])
     with pytest.raises(SystemExit, match="no library at .*or `tvmnorm list --records`"):

@@ -131,15 +131,12 @@ def check_arch(keys, target: str) -> None:
 
 
 def _records_for(kind, root=None):
-    """The records a build takes; a --schedules directory that is not there is a typo to stop
-    at, not a build of default schedules only."""
-    from .tune import records_or_stop, schedules_path
+    """The records of ``kind`` in a --schedules directory (None: the committed schedules/); one
+    that is not there is a typo to stop at, not a build of default schedules only."""
+    from .tune import records_or_stop
     if root is not None and not pathlib.Path(root).is_dir():
         raise SystemExit(f"--schedules {root}: no such directory")
-    records = records_or_stop(kind, root)
-    if root is not None and not records:
-        print(f"no records in {schedules_path(kind, root)}: building the default schedules", file=sys.stderr)
-    return records
+    return records_or_stop(kind, root)
 
 
 def library_out(args) -> pathlib.Path:
@@ -186,6 +183,9 @@ def cmd_build(args):
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     keys = keys_from_args(args)
     records = {} if args.no_tuned else _records_for(args.target, args.schedules)
+    if args.schedules is not None and not args.no_tuned and not records:
+        print(f"no records in {schedules_path(args.target, args.schedules)}: building the default schedules",
+              file=sys.stderr)
     if args.tuned_only:
         # the keys named that have a record; with none named, every record of the file
         named = names_keys(args)
@@ -222,13 +222,13 @@ def list_records(args) -> None:
 
 
 def cmd_list(args):
-    from .build import MANIFEST
-    from .runtime import default_library_path
     if args.records:
         return list_records(args)
     if args.schedules or args.arch:
         raise SystemExit("--schedules and --arch pick the records `tvmnorm list --records` lists; "
                          "a library's manifest names its own arch")
+    from .build import MANIFEST
+    from .runtime import default_library_path
     path = pathlib.Path(args.library) if args.library else default_library_path(args.target)
     mf = path / MANIFEST
     if not mf.exists():
