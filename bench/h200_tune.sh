@@ -38,9 +38,10 @@ if [ -n "${FRESH:-}" ] && [ ! -f "$STATE/schedules/cuda-sm_90.json" ]; then
 fi
 # the keys of this run: HIDDEN (e.g. 128,7168) names hidden sizes instead of SHAPES, for the tune
 # and the benchmark; KEYS (packed, e.g. 0x10002090,0x8002091) names the keys themselves, for the
-# tune (give HIDDEN and BENCH_OPS that cover them for the benchmark)
+# tune (give HIDDEN and BENCH_OPS that cover them for the benchmark); FP8 adds the fp8-output keys
+# of that otype, and FP8_ONLY=1 keeps them alone
 keys=(--shapes "${SHAPES:-all}" ${HIDDEN:+--hidden "$HIDDEN"} ${KEYS:+--keys "$KEYS"} --stages "${STAGES:-fwd,bwd}" --norms "${NORMS:-rmsnorm,layernorm}"
-      --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"})
+      --dtypes "${DTYPES:-bf16}" ${FP8:+--fp8 "$FP8"} ${FP8_ONLY:+--fp8-only})
 if [ ! -f "$STATE/schedules/cuda-sm_90.json" ] && cp schedules/cuda-sm_90.json "$STATE/schedules/" 2>/dev/null; then
   # RETUNE=1: the committed records of the job's keys are due again (tune.due_again), each still
   # seeded as a candidate; only here, when the state is created, so a rerun resumes the job

@@ -236,6 +236,12 @@ def test_build_and_tune_never_replace_a_folder_that_is_not_a_library(tmp_path, c
     (["bench", "--target", "llvm", "--hidden", "64", "--rows", "8,-5"],
      "--rows takes train, decode or token counts of at least 1, got '-5'"),
     (["bench", "--target", "llvm", "--hidden", "64", "--max-sets", "0"], "argument --max-sets: must be at least 1, got 0"),
+    (["build", "--hidden", "64", "--dtypes", "fp8e4m3"],
+     "--dtypes fp8e4m3: fp8 is only an output type; select fp8-output keys with --fp8 fp8e4m3|fp8e5m2"),
+    (["tune", "--hidden", "64", "--fp8", "bf16"], "argument --fp8: invalid choice: 'bf16'"),
+    (["tune", "--hidden", "64", "--fp8-only"], "--fp8-only selects the keys of --fp8: name its otype"),
+    (["build", "--hidden", "64", "--fp8", "fp8e4m3", "--fp8-only", "--stages", "bwd,bwd_add"],
+     "--fp8-only: fp8 output exists at the forward stages ('fwd', 'fwd_add') alone, not at bwd,bwd_add"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_bad_arguments_stop_before_any_work_naming_the_argument(tmp_path, capsys, args, message):
     """Before these stopped here, --trials 0 tuned nothing, said no candidate could be built, and
@@ -285,6 +291,21 @@ def test_key_options_default_and_tell_a_selection_given():
     assert names_keys(given) and names_keys(p.parse_args(["--dtypes", "bf16"]))
     assert not names_keys(p.parse_args([]))
     assert {k.stage for k in keys_from_args(p.parse_args([]))} == {"fwd", "bwd_add"}
+
+
+def test_fp8_only_selects_the_fp8_output_keys_alone():
+    """--fp8 adds the fp8-output keys of the forward stages to the --dtypes keys; --fp8-only keeps
+    them alone, so that a tune of the fp8 keys does not also retune their bf16 twins (a lease
+    once spent half its tune on those)."""
+    import argparse
+    from tvmnorm.cli import add_key_args, keys_from_args
+    p = argparse.ArgumentParser()
+    add_key_args(p)
+    sel = ["--hidden", "512", "--norms", "rmsnorm", "--stages", "fwd,bwd,fwd_add", "--fp8", "fp8e5m2"]
+    fp8 = [NormKey(norm="rmsnorm", stage=s, otype="fp8e5m2", hidden_size=512) for s in ("fwd", "fwd_add")]
+    both = keys_from_args(p.parse_args(sel))
+    assert set(fp8) < set(both) and {k.stage for k in both if not k.fp8_out} == {"fwd", "bwd", "fwd_add"}
+    assert keys_from_args(p.parse_args([*sel, "--fp8-only"])) == fp8
 
 
 def test_build_tuned_only_takes_the_named_keys_that_have_records(tmp_path):

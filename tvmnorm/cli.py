@@ -7,7 +7,7 @@ import os
 import pathlib
 import sys
 
-from .key import DTYPES, FORWARD_STAGES, NORMS, STAGES, NormKey
+from .key import DTYPES, FORWARD_STAGES, FP8, NORMS, STAGES, NormKey
 from .shapes import hidden_sizes, parse_hidden
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -55,8 +55,10 @@ def add_key_args(p, stages_default="fwd,bwd"):
         p.add_argument("--stages", default=None, help=f"fwd,bwd,bwd_add,fwd_add (default: {stages_default})"),
         p.add_argument("--dtypes", default=None,
                        help=f"itype=wtype=otype for each, e.g. bf16,fp16,fp32 (default: {DEFAULT_DTYPES})"),
-        p.add_argument("--fp8", default=None, help="also fp8-output keys of the forward stages with this otype "
-                                                   "(fp8e4m3|fp8e5m2)"),
+        p.add_argument("--fp8", default=None, choices=FP8,
+                       help="also fp8-output keys of the forward stages with this otype"),
+        p.add_argument("--fp8-only", action="store_true",
+                       help="with --fp8: its fp8-output keys alone, without the --dtypes keys they ride with"),
         p.add_argument("--zero-centered-gamma", action="store_true", help="keys with zero-centred gamma"),
         p.add_argument("--keys", default=None, help="packed keys (decimal or 0x hex), comma separated"),
     ]
@@ -96,15 +98,23 @@ def keys_from_args(args) -> list:
     norms = _csv(args.norms or DEFAULT_NORMS)
     stages = _csv(args.stages or args.stages_default)
     dtypes = _csv(args.dtypes or DEFAULT_DTYPES)
+    if set(dtypes) & set(FP8):
+        raise SystemExit(f"--dtypes {','.join(dtypes)}: fp8 is only an output type; "
+                         f"select fp8-output keys with --fp8 {'|'.join(FP8)}")
     for name, vals, allowed in (("norm", norms, NORMS), ("stage", stages, STAGES), ("dtype", dtypes, DTYPES)):
         bad = [v for v in vals if v not in allowed]
         if bad:
             raise SystemExit(f"unknown {name} {bad}; choose from {allowed}")
+    if args.fp8_only and not args.fp8:
+        raise SystemExit(f"--fp8-only selects the keys of --fp8: name its otype (--fp8 {'|'.join(FP8)})")
+    if args.fp8_only and not set(stages) & set(FORWARD_STAGES):
+        raise SystemExit(f"--fp8-only: fp8 output exists at the forward stages {FORWARD_STAGES} alone, "
+                         f"not at {','.join(stages)}")
     keys = []
     for h in hiddens:
         for norm in norms:
             for stage in stages:
-                for dt in dtypes:
+                for dt in ([] if args.fp8_only else dtypes):
                     keys.append(NormKey(norm=norm, stage=stage, itype=dt, wtype=dt, otype=dt, hidden_size=h,
                                         zero_centered_gamma=args.zero_centered_gamma))
                 if args.fp8 and stage in FORWARD_STAGES:

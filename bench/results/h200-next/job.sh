@@ -19,12 +19,9 @@ if [ "$JOB" = fwd ]; then
 elif [ "$JOB" = fwd_add ]; then
   export STAGES=fwd_add BENCH_OPS=rmsnorm_fwd_add,layernorm_fwd_add
 elif [ "$JOB" = fwd_add_fp8 ]; then
-  # the fp8e4m3-output keys of HIDDEN alone (KEYS): with FP8 the bf16 fwd_add keys rode along,
-  # and their records, at 16-24 trials, were due again at 32 and took half of lease 57's tune
-  export STAGES=fwd_add BENCH_OPS=rmsnorm_fwd_add_fp8,layernorm_fwd_add_fp8
-  export KEYS=${KEYS:-$(python -c "import sys; from tvmnorm.key import NormKey; print(','.join(
-    f'{NormKey(norm=n, stage=\"fwd_add\", itype=\"bf16\", wtype=\"bf16\", otype=\"fp8e4m3\", hidden_size=int(h)).pack():#x}'
-    for h in sys.argv[1].split(',') for n in ('rmsnorm', 'layernorm')))" "$HIDDEN")}
+  # the fp8e4m3-output keys alone (FP8_ONLY): without it the bf16 fwd_add keys rode along, and
+  # their records, at 16-24 trials, were due again at 32 and took half of lease 57's tune
+  export STAGES=fwd_add FP8=fp8e4m3 FP8_ONLY=1 BENCH_OPS=rmsnorm_fwd_add_fp8,layernorm_fwd_add_fp8
 else
   export STAGES=bwd_add BENCH_OPS=rmsnorm_bwd_add,layernorm_bwd_add
 fi
