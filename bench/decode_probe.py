@@ -5,6 +5,14 @@ random data (outputs poisoned with NaN first) and timed with triton's do_bench (
 rounds in turn, each point at its fastest round.
 
     python bench/decode_probe.py --out $OUT [--hidden 128,512] [--norms rmsnorm,layernorm] [--rounds 3]
+    python bench/decode_probe.py --out $OUT --around-served --hidden 1024,4096,8192 --norms layernorm
+
+--around-served times, instead of the sweep, the kernel that serves decode rows (the small-call
+kernel: small_call_cuda_heuristic's) and its neighbours: half and twice its threads, the other
+vector width and the whole warps between that split the row evenly, each with the weights
+loaded with x (+ew), one barrier a row sum (+ws) and both, at one row a block. On an H100 (../results/h100-run59/) Liger's layernorm forward led the
+served kernel at 38 of 48 decode cells by up to 1.8 us; these are the knobs the served rule
+leaves off that the tuned forward's space has (sched.space.fwd_kept_variants).
 
 Points: threads a row x rows a block x vector width (16 or 8 bytes), the row kept in registers
 with at most 8 vectors a thread and no idle thread, rows of several warps also with their
@@ -21,12 +29,13 @@ import pathlib
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import Timer, copy_roofline, probe_meta, probe_parser, time_in_rounds
+from tvmnorm.bench import Timer, copy_roofline, liger_norm, probe_meta, probe_parser, time_in_rounds
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import variant_kernel
-from tvmnorm.sched.default import fwd_cuda_heuristic
-from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, ROWS, THREADS
+from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
+from tvmnorm.sched.rows import warp_sums_problem
+from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, FWD_KEPT_VECTORS, ROWS, THREADS, exact_thread_counts
 from tvmnorm.shapes import shape_of
 
 
@@ -52,10 +61,36 @@ def points(hidden: int, elem_bytes: int = 2) -> dict:
     return out
 
 
+def around_served(hidden: int, elem_bytes: int = 2) -> dict:
+    """name -> CudaRowConfig: the small-call kernel a library serves decode rows with ("served")
+    and its neighbours at one row a block (see the module's --around-served)."""
+    served = small_call_cuda_heuristic(hidden, elem_bytes)
+    out = {"served": served}
+    if not served.keep_row:
+        return out
+    for vec in sorted({served.vec, 16 // elem_bytes, 8 // elem_bytes}):
+        # and the whole warps between those that split the row evenly, which warp_sums needs
+        exact = [t for t in exact_thread_counts(hidden, vec, FWD_KEPT_VECTORS)
+                 if served.threads // 2 <= t <= 2 * served.threads]
+        for threads in sorted({served.threads // 2, served.threads, 2 * served.threads, *exact}):
+            vectors = -(-hidden // (threads * vec))
+            if hidden % vec or not (1 <= vectors <= FWD_KEPT_VECTORS) or threads * vec > hidden or threads > 1024:
+                continue
+            base = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=False, warp_sums=False)
+            for ew in (False, True) if threads >= EARLY_WEIGHTS_THREADS else (False,):
+                for ws in (False, True) if warp_sums_problem(threads, 1, vec, hidden) is None else (False,):
+                    cfg = dataclasses.replace(base, early_weights=ew, warp_sums=ws)
+                    if cfg != served:
+                        out[f"{threads}x1v{vec}" + "+ew" * ew + "+ws" * ws] = cfg
+    return out
+
+
 def main():
     ap = probe_parser()
     ap.set_defaults(hidden="128,512")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--around-served", action="store_true",
+                    help="the served small-call kernel and its neighbours instead of the block-shape sweep")
     args = ap.parse_args()
     # shorter than probe_timer's 25/100 ms: ~50 points a case, and a decode call is ~5 us
     timer = Timer("cuda", warmup_ms=10, rep_ms=40)
@@ -63,13 +98,15 @@ def main():
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     F = torch.nn.functional
     results = []
+    meta = probe_meta(ceiling)
     for norm in args.norms.split(","):
         for h in (int(v) for v in args.hidden.split(",")):
             key = NormKey(norm=norm, hidden_size=h)
             ln = norm == "layernorm"
             eps = 1e-5 if ln else 1e-6
             kernels, failed = {}, {}
-            for name, cfg in points(h, DTYPE_BYTES[key.itype]).items():
+            sweep = around_served if args.around_served else points
+            for name, cfg in sweep(h, DTYPE_BYTES[key.itype]).items():
                 try:
                     kernels[name] = variant_kernel(key, "cuda", cfg, row_bits=32)
                 except Exception as e:  # a point the schedule refuses is recorded, not fatal
@@ -92,15 +129,21 @@ def main():
                         calls[name] = (lambda k=k: k(x, gamma, *beta, y, *stats, eps=eps))
                 calls["torch_eager"] = ((lambda: F.layer_norm(x, (h,), gamma, beta[0], eps)) if ln
                                         else (lambda: F.rms_norm(x, (h,), gamma, eps)))
+                try:
+                    liger = liger_norm(ln, eps)
+                    calls["liger"] = lambda: liger(x, gamma, *beta)
+                except ImportError:
+                    pass
                 best = time_in_rounds(calls, timer, args.rounds)
                 ranked = sorted(best.items(), key=lambda kv: kv[1])
                 results.append({"norm": norm, "hidden": h, "rows": rows, "us": best, "rel_err": errors,
                                 "failed": failed})
                 print(f"{norm:9s} H={h:5d} rows={rows:5d} served {best.get('served', float('nan')):.2f} "
-                      f"eager {best['torch_eager']:.2f} | " + "  ".join(f"{n} {u:.2f}" for n, u in ranked[:8]),
+                      f"eager {best['torch_eager']:.2f} liger {best.get('liger', float('nan')):.2f} | " + "  ".join(f"{n} {u:.2f}" for n, u in ranked[:8]),
                       flush=True)
-    meta = probe_meta(ceiling)
-    pathlib.Path(args.out, "decode-probe.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+                # after each case: a call cut off by its time limit keeps what it timed
+                pathlib.Path(args.out, "decode-probe.json").write_text(
+                    json.dumps({"meta": meta, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

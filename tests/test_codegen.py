@@ -592,6 +592,29 @@ def test_small_call_rule_takes_one_vector_a_thread_where_rows_share_a_block(hidd
         assert f"threadIdx.x) * {got.vec}" in src and f"blockIdx.x) * {got.rows})" in src
 
 
+@pytest.mark.parametrize("hidden", [1024, 7168])
+def test_decode_probe_times_the_served_small_call_kernel_beside_its_neighbours(bench_script, hidden):
+    """bench/decode_probe.py --around-served: the first point is the kernel a library serves
+    decode forwards with (small_call_cuda_heuristic's), and each other point moves it by the
+    knobs that rule leaves off (weights loaded with x, one barrier a row sum, threads, vector
+    width), one row a block, every one a distinct kernel that TVM schedules for CUDA."""
+    from tvmnorm.sched.default import small_call_cuda_heuristic
+    from tvmnorm.sched.rows import warp_sums_problem
+    points = bench_script("decode_probe").around_served(hidden)
+    served = small_call_cuda_heuristic(hidden, 2)
+    assert points["served"] == served and len(points) == len(set(points.values())) > 8
+    assert any(c.early_weights for c in points.values()) and any(c.warp_sums for c in points.values())
+    if hidden == 7168:  # the served 256 x 4 does not split it evenly; 224 and 448 threads do
+        assert {224, 448} <= {c.threads for c in points.values() if c.warp_sums and c.vec == 4}
+    key = NormKey(norm="layernorm", hidden_size=hidden)
+    bodies = set()
+    for name, cfg in points.items():
+        assert cfg.keep_row and cfg.rows == 1 and served.threads // 2 <= cfg.threads <= 2 * served.threads, name
+        assert not cfg.warp_sums or warp_sums_problem(cfg.threads, 1, cfg.vec, hidden) is None, name
+        bodies.add(kernel(cuda_source(key, cfg), "fwd"))
+    assert len(bodies) == len(points)
+
+
 def test_early_weights_are_a_kept_forward_schedule():
     from tvmnorm.build import scheduled_funcs
     from tvmnorm.sched.rows import CudaRowConfig
