@@ -1,6 +1,6 @@
 """The decode forward's kernel shape on the GPU: the small-call kernel a library serves decode rows
 with (build.small_call_funcs: the default rule's, int32 rows) against other kept-row points of
-the forward's space at decode rows, and torch eager, each checked against float64 on fresh
+the forward's space at decode rows, and torch eager and Liger (where installed), each checked against float64 on fresh
 random data (outputs poisoned with NaN first) and timed with triton's do_bench (L2 flushed),
 rounds in turn, each point at its fastest round.
 
@@ -10,9 +10,10 @@ rounds in turn, each point at its fastest round.
 --around-served times, instead of the sweep, the kernel that serves decode rows (the small-call
 kernel: small_call_cuda_heuristic's) and its neighbours: half and twice its threads, the other
 vector width and the whole warps between that split the row evenly, each with the weights
-loaded with x (+ew), one barrier a row sum (+ws) and both, at one row a block. On an H100 (../results/h100-run59/) Liger's layernorm forward led the
-served kernel at 38 of 48 decode cells by up to 1.8 us; these are the knobs the served rule
-leaves off that the tuned forward's space has (sched.space.fwd_kept_variants).
+loaded with x (+ew), one barrier a row sum (+ws) and both, at one row a block. On an H100
+(results/h100-run59/) Liger's layernorm forward led the served kernel at 38 of 48 decode
+cells by up to 1.8 us; these are the knobs the served rule leaves off that the tuned forward's
+space has (sched.space.fwd_kept_variants).
 
 Points: threads a row x rows a block x vector width (16 or 8 bytes), the row kept in registers
 with at most 8 vectors a thread and no idle thread, rows of several warps also with their
@@ -139,8 +140,8 @@ def main():
                 results.append({"norm": norm, "hidden": h, "rows": rows, "us": best, "rel_err": errors,
                                 "failed": failed})
                 print(f"{norm:9s} H={h:5d} rows={rows:5d} served {best.get('served', float('nan')):.2f} "
-                      f"eager {best['torch_eager']:.2f} liger {best.get('liger', float('nan')):.2f} | " + "  ".join(f"{n} {u:.2f}" for n, u in ranked[:8]),
-                      flush=True)
+                      f"eager {best['torch_eager']:.2f} liger {best.get('liger', float('nan')):.2f} | "
+                      + "  ".join(f"{n} {u:.2f}" for n, u in ranked[:8]), flush=True)
                 # after each case: a call cut off by its time limit keeps what it timed
                 pathlib.Path(args.out, "decode-probe.json").write_text(
                     json.dumps({"meta": meta, "results": results}, indent=1))
