@@ -1,8 +1,8 @@
 """The decode forward's kernel shape on the GPU: the small-call kernel a library serves decode rows
 with (build.small_call_funcs: the default rule's, int32 rows) against other kept-row points of
-the forward's space at decode rows, and torch eager and Liger (where installed), each checked against float64 on fresh
-random data (outputs poisoned with NaN first) and timed with triton's do_bench (L2 flushed),
-rounds in turn, each point at its fastest round.
+the forward's space at decode rows, and torch eager and Liger (where installed), each checked
+against float64 on fresh random data (outputs poisoned with NaN first) and timed with triton's
+do_bench (L2 flushed), rounds in turn, each point at its fastest round.
 
     python bench/decode_probe.py --out $OUT [--hidden 128,512] [--norms rmsnorm,layernorm] [--rounds 3]
     python bench/decode_probe.py --out $OUT --around-served --hidden 1024,4096,8192 --norms layernorm
