@@ -8,12 +8,12 @@ do_bench (L2 flushed), rounds in turn, each point at its fastest round.
     python bench/decode_probe.py --out $OUT --around-served --hidden 1024,4096,8192 --norms layernorm
 
 --around-served times, instead of the sweep, the kernel that serves decode rows (the small-call
-kernel: small_call_cuda_heuristic's) and its neighbours: half and twice its threads, the other
-vector width and the whole warps between that split the row evenly, each with the weights
-loaded with x (+ew), one barrier a row sum (+ws) and both, at one row a block. On an H100
+kernel: small_call_cuda_heuristic's) and its neighbours in the tuned forward's space: half to
+twice its threads (whole warps that split the row evenly among them), the two widest vectors,
+with the weights loaded with x (+ew), one barrier a row sum (+ws) and both, one row a block
+(sched.space.fwd_kept_variants: the knobs the served rule leaves off). On an H100
 (results/h100-run59/) Liger's layernorm forward led the served kernel at 38 of 48 decode
-cells by up to 1.8 us; these are the knobs the served rule leaves off that the tuned forward's
-space has (sched.space.fwd_kept_variants).
+cells by up to 1.8 us.
 
 Points: threads a row x rows a block x vector width (16 or 8 bytes), the row kept in registers
 with at most 8 vectors a thread and no idle thread, rows of several warps also with their
@@ -35,8 +35,7 @@ from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import variant_kernel
 from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
-from tvmnorm.sched.rows import warp_sums_problem
-from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, FWD_KEPT_VECTORS, ROWS, THREADS, exact_thread_counts
+from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, ROWS, THREADS, fwd_kept_variants
 from tvmnorm.shapes import shape_of
 
 
@@ -62,27 +61,19 @@ def points(hidden: int, elem_bytes: int = 2) -> dict:
     return out
 
 
-def around_served(hidden: int, elem_bytes: int = 2) -> dict:
-    """name -> CudaRowConfig: the small-call kernel a library serves decode rows with ("served")
-    and its neighbours at one row a block (see the module's --around-served)."""
-    served = small_call_cuda_heuristic(hidden, elem_bytes)
+def around_served(key: NormKey) -> dict:
+    """name -> CudaRowConfig: the small-call kernel a library serves ``key``'s decode rows with
+    ("served") and its neighbours at one row a block (see the module's --around-served): the
+    tuned forward's kept-row variants (space.fwd_kept_variants) of half to twice its threads."""
+    served = small_call_cuda_heuristic(key.hidden_size, DTYPE_BYTES[key.itype])
     out = {"served": served}
     if not served.keep_row:
         return out
-    for vec in sorted({served.vec, 16 // elem_bytes, 8 // elem_bytes}):
-        # and the whole warps between those that split the row evenly, which warp_sums needs
-        exact = [t for t in exact_thread_counts(hidden, vec, FWD_KEPT_VECTORS)
-                 if served.threads // 2 <= t <= 2 * served.threads]
-        for threads in sorted({served.threads // 2, served.threads, 2 * served.threads, *exact}):
-            vectors = -(-hidden // (threads * vec))
-            if hidden % vec or not (1 <= vectors <= FWD_KEPT_VECTORS) or threads * vec > hidden or threads > 1024:
-                continue
-            base = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=False, warp_sums=False)
-            for ew in (False, True) if threads >= EARLY_WEIGHTS_THREADS else (False,):
-                for ws in (False, True) if warp_sums_problem(threads, 1, vec, hidden) is None else (False,):
-                    cfg = dataclasses.replace(base, early_weights=ew, warp_sums=ws)
-                    if cfg != served:
-                        out[f"{threads}x1v{vec}" + "+ew" * ew + "+ws" * ws] = cfg
+    for threads, vec, _, ws, ew in fwd_kept_variants(key):
+        if served.threads // 2 <= threads <= 2 * served.threads:
+            cfg = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=ew, warp_sums=ws)
+            if cfg != served:
+                out[f"{threads}x1v{vec}" + "+ew" * ew + "+ws" * ws] = cfg
     return out
 
 
@@ -106,8 +97,8 @@ def main():
             ln = norm == "layernorm"
             eps = 1e-5 if ln else 1e-6
             kernels, failed = {}, {}
-            sweep = around_served if args.around_served else points
-            for name, cfg in sweep(h, DTYPE_BYTES[key.itype]).items():
+            sweep = around_served(key) if args.around_served else points(h, DTYPE_BYTES[key.itype])
+            for name, cfg in sweep.items():
                 try:
                     kernels[name] = variant_kernel(key, "cuda", cfg, row_bits=32)
                 except Exception as e:  # a point the schedule refuses is recorded, not fatal

@@ -600,13 +600,13 @@ def test_decode_probe_times_the_served_small_call_kernel_beside_its_neighbours(b
     width), one row a block, every one a distinct kernel that TVM schedules for CUDA."""
     from tvmnorm.sched.default import small_call_cuda_heuristic
     from tvmnorm.sched.rows import warp_sums_problem
-    points = bench_script("decode_probe").around_served(hidden)
+    key = NormKey(norm="layernorm", hidden_size=hidden)
+    points = bench_script("decode_probe").around_served(key)
     served = small_call_cuda_heuristic(hidden, 2)
     assert points["served"] == served and len(points) == len(set(points.values())) > 8
     assert any(c.early_weights for c in points.values()) and any(c.warp_sums for c in points.values())
-    if hidden == 7168:  # the served 256 x 4 does not split it evenly; 224 and 448 threads do
+    if hidden == 7168:  # whole warps beyond the powers of two that split the row evenly come too
         assert {224, 448} <= {c.threads for c in points.values() if c.warp_sums and c.vec == 4}
-    key = NormKey(norm="layernorm", hidden_size=hidden)
     bodies = set()
     for name, cfg in points.items():
         assert cfg.keep_row and cfg.rows == 1 and served.threads // 2 <= cfg.threads <= 2 * served.threads, name
