@@ -6,6 +6,11 @@ do_bench (L2 flushed), rounds in turn, each point at its fastest round.
 
     python bench/decode_probe.py --out $OUT [--hidden 128,512] [--norms rmsnorm,layernorm] [--rounds 3]
     python bench/decode_probe.py --out $OUT --around-served --hidden 1024,4096,8192 --norms layernorm
+    python bench/decode_probe.py --out $OUT --rule-knobs --rounds 4
+
+--rule-knobs times the served kernel against the small-call rule with each of its knobs moved
+alone (RULE_KNOBS: bytes of the row a thread, vector width, weights loaded with x, one barrier a
+row sum) and the key's default forward.
 
 --around-served times, instead of the sweep, the kernel that serves decode rows (the small-call
 kernel: small_call_cuda_heuristic's) and its neighbours in the tuned forward's space: half to
@@ -77,12 +82,34 @@ def around_served(key: NormKey) -> dict:
     return out
 
 
+# The small-call rule's knobs (sched.default.small_call_cuda_heuristic's keyword arguments), each
+# moved alone from the rule's own value: --rule-knobs times these points.
+RULE_KNOBS = {"8B": dict(thread_bytes=8), "32B": dict(thread_bytes=32), "64B": dict(thread_bytes=64),
+              "v16B": dict(vector_bytes=16), "+ew": dict(early_weights=True), "-ws": dict(warp_sums=False)}
+
+
+def rule_knobs(key: NormKey) -> dict:
+    """name -> CudaRowConfig: the small-call kernel a library serves ``key``'s decode rows with
+    ("served"), the same rule with each knob of RULE_KNOBS moved, and the key's default forward
+    ("forward", the kernel that served them before the rule took one row a block apart), each
+    distinct kernel once."""
+    h, b = key.hidden_size, DTYPE_BYTES[key.itype]
+    out = {"served": small_call_cuda_heuristic(h, b)}
+    for name, knobs in {**RULE_KNOBS, "forward": None}.items():
+        cfg = fwd_cuda_heuristic(h, b) if knobs is None else small_call_cuda_heuristic(h, b, **knobs)
+        if cfg not in out.values():
+            out[name] = cfg
+    return out
+
+
 def main():
     ap = probe_parser()
     ap.set_defaults(hidden="128,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--around-served", action="store_true",
                     help="the served small-call kernel and its neighbours instead of the block-shape sweep")
+    ap.add_argument("--rule-knobs", action="store_true",
+                    help="the served small-call kernel against its rule with each knob moved (RULE_KNOBS)")
     args = ap.parse_args()
     # shorter than probe_timer's 25/100 ms: ~50 points a case, and a decode call is ~5 us
     timer = Timer("cuda", warmup_ms=10, rep_ms=40)
@@ -97,7 +124,8 @@ def main():
             ln = norm == "layernorm"
             eps = 1e-5 if ln else 1e-6
             kernels, failed = {}, {}
-            sweep = around_served(key) if args.around_served else points(h, DTYPE_BYTES[key.itype])
+            sweep = (rule_knobs(key) if args.rule_knobs else around_served(key) if args.around_served
+                     else points(h, DTYPE_BYTES[key.itype]))
             for name, cfg in sweep.items():
                 try:
                     kernels[name] = variant_kernel(key, "cuda", cfg, row_bits=32)

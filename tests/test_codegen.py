@@ -565,31 +565,50 @@ def test_early_weights_load_before_the_row_sums(norm, otype, hidden, threads, ro
 
 
 @pytest.mark.parametrize("hidden,elem_bytes,small", [
-    (128, 2, (16, 8)), (64, 2, (8, 16)), (128, 4, (32, 4)),  # rows that share a block: one vector a thread
-    (96, 2, None),  # twice the threads would idle (16 x 8 elements > 96): the rule's
-    (512, 2, None), (7168, 2, None), (1000, 2, None)])  # a row a block already: the rule's
-def test_small_call_rule_takes_one_vector_a_thread_where_rows_share_a_block(hidden, elem_bytes, small):
-    """sched.default.small_call_cuda_heuristic: the forward rule's kept row, with twice the
-    threads a row and half the rows a block where rows share a block and no thread would idle;
-    elsewhere the rule's own. A default key gets a small-call kernel only where they differ
-    (build.has_own_small_call), and it compiles to blocks of that shape."""
+    (128, 2, (16, 8, 8, False, False)), (64, 2, (8, 16, 8, False, False)),  # rows that share a block:
+    (128, 4, (32, 4, 4, False, False)),                                     # one vector a thread
+    (96, 2, None),  # twice the threads would idle (16 x 8 elements > 96): the forward's
+    (512, 2, (128, 1, 4, False, True)),  # one 8-byte vector a thread already: one barrier a row sum
+    (2560, 2, (320, 1, 4, False, True)),  # 640 vectors: 10 warps of 2 each
+    (7168, 2, (896, 1, 4, False, True)),  # 28 warps of 2 vectors each
+    (7168, 4, (1024, 1, 2, False, False)),  # 3584 vectors: no whole warps <= 1024 split them in 2s
+    (1000, 2, None),  # 250 vectors split by no whole warps: the forward's 128 threads
+    (4095, 2, None),  # 2-byte vectors, 8 a thread: the forward's 512 threads
+    (65536, 2, (1024, 1, 4, False, True))])
+def test_small_call_rule(hidden, elem_bytes, small):
+    """sched.default.small_call_cuda_heuristic, as (threads, rows, vec, early_weights,
+    warp_sums): where rows share a block, the forward rule's kept row with twice the threads a
+    row and half the rows a block (unless threads would idle); a row a block, at most 16 bytes
+    of it a thread in 8-byte vectors, the fewest whole warps that split it evenly (one barrier
+    a row sum), else the fewest powers of two (at least the forward's), the weights loaded
+    after the sums. A default key gets a small-call kernel only where the rule differs
+    from its forward (build.has_own_small_call), and it compiles to blocks of that shape."""
     from tvmnorm.build import has_own_small_call, key_funcs
     from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
     rule, got = fwd_cuda_heuristic(hidden, elem_bytes), small_call_cuda_heuristic(hidden, elem_bytes)
     if small is None:
         assert got == rule
     else:
-        assert (got.threads, got.rows) == small and got.vec == rule.vec and got.keep_row
-        assert got.threads == 2 * rule.threads and got.threads * got.rows == rule.threads * rule.rows
+        assert (got.threads, got.rows, got.vec, got.early_weights, got.warp_sums) == small and got.keep_row
+        assert got.threads * got.vec <= hidden  # no idle thread
+        if rule.rows > 1:
+            assert got.threads == 2 * rule.threads and got.threads * got.rows == rule.threads * rule.rows
     dt = {2: "bf16", 4: "fp32"}[elem_bytes]
-    key = NormKey(itype=dt, wtype=dt, otype=dt, hidden_size=hidden)
+    key = NormKey(norm="layernorm", itype=dt, wtype=dt, otype=dt, hidden_size=hidden)
     assert has_own_small_call(key, "cuda") == (small is not None)
     assert not has_own_small_call(key, "llvm") and not has_own_small_call(dataclasses.replace(key, stage="bwd"), "cuda")
     symbols = key_funcs(key, "cuda")
     assert (f"{key.name}_small_fwd" in symbols) == (small is not None)
     if small is not None:
-        src = kernel(generated_cuda({f"{key.name}_small_fwd": symbols[f"{key.name}_small_fwd"]}), "small_fwd")
-        assert f"threadIdx.x) * {got.vec}" in src and f"blockIdx.x) * {got.rows})" in src
+        src = generated_cuda({f"{key.name}_small_fwd": symbols[f"{key.name}_small_fwd"]})
+        body = kernel(src, "small_fwd")
+        assert f"__launch_bounds__({got.threads * got.rows})" in src
+        assert got.vec == 1 or f"threadIdx.x) * {got.vec}" in body
+        assert ("threadIdx.z" in body) == got.warp_sums
+        if got.threads >= 64:  # sub-warp rows sum by shuffles alone: no barrier to load before
+            barrier = body.index("__syncthreads")
+            loads = [re.search(rf"\b{w}_ptr\b", body).start() for w in ("gamma", "beta")]
+            assert all((at < barrier) == got.early_weights for at in loads)
 
 
 @pytest.mark.parametrize("hidden", [1024, 7168])
@@ -606,12 +625,36 @@ def test_decode_probe_times_the_served_small_call_kernel_beside_its_neighbours(b
     assert points["served"] == served and len(points) == len(set(points.values())) > 8
     assert any(c.early_weights for c in points.values()) and any(c.warp_sums for c in points.values())
     if hidden == 7168:  # whole warps beyond the powers of two that split the row evenly come too
-        assert {224, 448} <= {c.threads for c in points.values() if c.warp_sums and c.vec == 4}
+        assert {448, 896} <= {c.threads for c in points.values() if c.warp_sums and c.vec == 4}
     bodies = set()
     for name, cfg in points.items():
         assert cfg.keep_row and cfg.rows == 1 and served.threads // 2 <= cfg.threads <= 2 * served.threads, name
         assert not cfg.warp_sums or warp_sums_problem(cfg.threads, 1, cfg.vec, hidden) is None, name
         bodies.add(kernel(cuda_source(key, cfg), "fwd"))
+    assert len(bodies) == len(points)
+
+
+@pytest.mark.parametrize("hidden", [128, 1000, 2560])
+def test_decode_probe_times_the_small_call_rule_against_its_knobs(bench_script, hidden):
+    """bench/decode_probe.py --rule-knobs: the served kernel (small_call_cuda_heuristic's), the
+    rule with each knob of RULE_KNOBS moved alone, and the key's default forward (what served
+    decode rows before), each a distinct kernel once; where rows share a block (128) the knobs
+    move nothing, and the forward is the one other point."""
+    from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
+    probe = bench_script("decode_probe")
+    key = NormKey(norm="layernorm", hidden_size=hidden)
+    points = probe.rule_knobs(key)
+    assert points["served"] == small_call_cuda_heuristic(hidden, 2)
+    assert len(points) == len(set(points.values()))
+    for name, cfg in points.items():
+        want = (fwd_cuda_heuristic(hidden, 2) if name == "forward" else
+                small_call_cuda_heuristic(hidden, 2, **probe.RULE_KNOBS.get(name, {})))
+        assert cfg == want, name
+    if hidden == 128:
+        assert set(points) == {"served", "forward"}
+    else:
+        assert {"+ew", "v16B"} <= set(points) and ("-ws" in points) == points["served"].warp_sums
+    bodies = {kernel(cuda_source(key, cfg), "fwd") for cfg in points.values()}
     assert len(bodies) == len(points)
 
 
@@ -1499,7 +1542,7 @@ def _pdl_launched(src: str) -> set:
      {"combine", "finalize", "decode_wgrad", "decode_wgrad_few"}),
     (NormKey(stage="bwd_add", hidden_size=3584),
      {"combine", "finalize", "decode_wgrad", "decode_wgrad_few", "decode_wgrad_mid"}),
-    (NormKey(otype="fp8e4m3", hidden_size=4096), {"fwd", "narrow_fwd"}),
+    (NormKey(otype="fp8e4m3", hidden_size=4096), {"fwd", "narrow_fwd", "small_fwd"}),
     (NormKey(hidden_size=1024), set())])
 def test_kernels_after_another_of_a_call_wait_for_it_under_pdl(key, waiting, monkeypatch):
     """Programmatic dependent launch (sm_90): a library kernel that runs after another of the same

@@ -631,18 +631,21 @@ def test_cuda_library_serves_small_calls_with_the_default_kernel(small_call_libr
         run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("hidden", (128, 2560, 7168))
 @pytest.mark.parametrize("otype", ("bf16", "fp32", "fp8e4m3"))
 @pytest.mark.parametrize("norm", NORMS)
-def test_cuda_default_key_serves_small_calls_with_its_own_kernel(cuda_kernels, norm, otype, rng, seed):
-    """A key without a record whose small-call rule differs from its forward's (QK-norm's hidden
-    128: one vector a thread, sched.default.small_call_cuda_heuristic) holds a small-call kernel
-    of its own: calls of at most SMALL_CALL_BYTES of x run it, larger ones the int32 forward,
-    both right against float64 on either side of the bound (fp8 output with its amax)."""
+def test_cuda_default_key_serves_small_calls_with_its_own_kernel(cuda_kernels, norm, otype, hidden, rng, seed):
+    """A key without a record whose small-call rule differs from its forward's
+    (sched.default.small_call_cuda_heuristic: QK-norm's hidden 128, one vector a thread; a row a
+    block, at most 16 bytes of it a thread, one barrier a row sum over 10 or 28 warps at 2560 and
+    7168 in bf16, two over 32 warps at fp32 7168) holds a small-call kernel of its own: calls of at most SMALL_CALL_BYTES
+    of x run it, larger ones the int32 forward, both right against float64 on either side of
+    the bound (fp8 output with its amax)."""
     from tvmnorm.build import has_own_small_call
     from tvmnorm.key import DTYPE_BYTES
     from tvmnorm.runtime import SMALL_CALL_BYTES
     itype = "fp32" if otype == "fp32" else "bf16"
-    key = NormKey(norm=norm, itype=itype, wtype=itype, otype=otype, hidden_size=128)
+    key = NormKey(norm=norm, itype=itype, wtype=itype, otype=otype, hidden_size=hidden)
     kernel = cuda_kernels(key)
     assert has_own_small_call(key, "cuda") and not kernel.tuned
     bound = SMALL_CALL_BYTES // (key.hidden_size * DTYPE_BYTES[key.itype])

@@ -277,8 +277,8 @@ def small_call_funcs(key: NormKey, kind: str, layout: str = "compact") -> dict:
 
 def has_own_small_call(key: NormKey, kind: str) -> bool:
     """Whether a forward key without a record gets a small-call kernel of its own: where the
-    small-call rule differs from the default rule's forward (on CUDA, rows that share a block);
-    elsewhere its forward serves small calls too."""
+    small-call rule differs from the default rule's forward (on CUDA nearly every width: see
+    sched.default.small_call_cuda_heuristic); elsewhere its forward serves small calls too."""
     from .sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
     h, b = key.hidden_size, DTYPE_BYTES[key.itype]
     return kind == "cuda" and key.forward and small_call_cuda_heuristic(h, b) != fwd_cuda_heuristic(h, b)

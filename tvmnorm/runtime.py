@@ -112,8 +112,8 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
 
 # A tuned library serves forward calls of at most this many bytes of x (decode: 1-256 tokens,
 # up to 4 MiB at hidden 8192 in bf16; QK-norm's 8192 rows of 128, 2 MiB) with the small-call
-# kernel, the default rule's (sched.default.small_call_cuda_heuristic: one vector a thread where
-# rows share a block), which it holds beside the tuned one (build.small_call_funcs; a default key
+# kernel, the default rule's (sched.default.small_call_cuda_heuristic: a row split thinner than
+# the forward's, one barrier a row sum), which it holds beside the tuned one (build.small_call_funcs; a default key
 # holds one where it differs from its forward); the smallest training call of the catalog is
 # 16 MiB. Records are tuned at training rows, and at decode rows
 # the default, which keeps its row in registers with at most 8 vectors a thread, was the faster

@@ -11,8 +11,8 @@ import dataclasses
 from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 from .rows import (ROW_OPERANDS, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda,
-                   thread_vectors)
-from .space import fused_register_limit, fused_registers, staged_fits
+                   thread_vectors, warp_sums_problem)
+from .space import EARLY_WEIGHTS_THREADS, fused_register_limit, fused_registers, staged_fits
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -81,23 +81,74 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
                          keep_y=True)
 
 
-def small_call_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
-    """The forward of a small call (runtime.is_small_call: decode rows, at most a few MiB of x):
-    fwd_cuda_heuristic's, except that rows narrower than 128 vectors, which share a block, take
+# Bytes of its row a thread of the small-call kernel keeps (at one row a block), the width of
+# its vectors, and the most bytes of x a thread may keep and still load the weights with it
+# (layernorm's gamma and beta take twice x's registers): see small_call_cuda_heuristic.
+SMALL_CALL_THREAD_BYTES = 16
+SMALL_CALL_VECTOR_BYTES = 8
+SMALL_CALL_EARLY_WEIGHTS_BYTES = 32
+
+
+def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = SMALL_CALL_THREAD_BYTES,
+                              vector_bytes: int = SMALL_CALL_VECTOR_BYTES, early_weights: bool = False,
+                              warp_sums: bool = True) -> CudaRowConfig:
+    """The forward of a small call (runtime.is_small_call: decode rows, at most a few MiB of x).
+    A small call is launch and DRAM latency, not bandwidth: what counts is the chain one row
+    waits on, and each further vector a thread, barrier, and load issued after a barrier
+    lengthens it.
+
+    Rows narrower than 128 vectors, which share a block in fwd_cuda_heuristic's forward, take
     one 16-byte vector a thread instead of two (twice the threads a row, half the rows a block;
-    not where threads would idle). A small call is launch and DRAM latency, not bandwidth, and a
-    thread's second vector lengthens the chain its row waits on. Measured on the H200 (bf16,
-    hidden 128, QK-norm's 32-8192 rows; bench/results/h200-run41/decode-probe.json, every kept
-    block shape, best of three rounds): 16 threads x 8 rows took 4.48-5.76 us (rmsnorm) and
-    4.70-6.02 (layernorm) against 4.86-5.98 and 4.99-6.27 for the rule's 8 x 16 (its better of
-    two copies timed), faster at all 8 cells by 0.16-0.39 us, and ahead of torch eager at each
-    (4.93-10.11, 5.63-13.95). At hidden 512 the rule's one vector a thread was the fastest or
-    level up to 64 rows. Other points won single cells by less than two copies of one kernel
-    differed (up to 0.5 us), so the rule stays one kernel a key."""
+    not where threads would idle). Measured on the H200 (bf16, hidden 128, QK-norm's 32-8192
+    rows; bench/results/h200-run41/decode-probe.json, every kept block shape, best of three
+    rounds): 16 threads x 8 rows took 4.48-5.76 us (rmsnorm) and 4.70-6.02 (layernorm) against
+    4.86-5.98 and 4.99-6.27 for the forward's 8 x 16, faster at all 8 cells by 0.16-0.39 us.
+
+    A row a block keeps at most ``thread_bytes`` of the row a thread in ``vector_bytes``-byte
+    vectors: the fewest whole warps (at least the forward's threads) that split the row evenly,
+    so that each row sum takes one barrier (``warp_sums``), else the fewest powers of two.
+    Measured against the forward's own kernel (128 or 256 threads of up to 8 vectors, two
+    barriers a row sum), which served these calls before, both checked against float64 first
+    (bf16, the catalog's widths at 1, 8, 64 and 256 rows, best of three rounds; decode_probe
+    --rule-knobs): on the H200 (bench/results/h200-run63/) faster at 40 of 48 cells for each
+    norm, by 0.46 us a cell on average for layernorm (up to 1.5) and 0.21 for rmsnorm, and
+    ahead of torch eager and Liger at all 96; on an H100 (h100-run62/) the library's decode
+    forwards 0.43 (layernorm) and 0.22 us (rmsnorm) a cell faster than in h100-run59/. Up to 32
+    bytes a thread lost to 16 at 2560 by 0.9 us a cell (rmsnorm, H100: 5 warps; h100-run61/),
+    and 8 bytes, 16-byte vectors or two barriers a row sum were no faster overall on either
+    card; at 8192 (32 warps) 16 warps or two barriers were 0.25-0.3 us a cell faster in all
+    three samples, a lead not yet taken. Liger's layernorm, host-bound on the H200, led this
+    kernel on the H100 at 34 of 48 cells by up to 1.1 us.
+
+    ``early_weights`` loads the weights with x instead of after the barriers (a second DRAM
+    latency), where a thread keeps at most SMALL_CALL_EARLY_WEIGHTS_BYTES of x. Off: with this
+    rule it moved the H200's cells by -0.07 (layernorm) and +0.02 us (rmsnorm) a cell, the
+    H100's 32-byte rule's by under 0.03, and on the H200 it made the forward's kernel slower
+    (layernorm 8192 x 1 5.70 -> 6.94 us; runtime.SMALL_CALL_BYTES).
+    The keyword arguments are the knobs bench/decode_probe.py --rule-knobs times the rule
+    against."""
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
-    if not cfg.keep_row or cfg.rows == 1 or 2 * cfg.threads * cfg.vec > hidden:
+    if not cfg.keep_row:
         return cfg
-    return dataclasses.replace(cfg, threads=2 * cfg.threads, rows=cfg.rows // 2)
+    if cfg.rows > 1:
+        if 2 * cfg.threads * cfg.vec > hidden:
+            return cfg
+        return dataclasses.replace(cfg, threads=2 * cfg.threads, rows=cfg.rows // 2)
+    vec = _widest_vector(hidden, elem_bytes, vector_bytes)
+    vectors = -(-hidden // vec)
+    most = max(1, thread_bytes // (vec * elem_bytes))
+    even = [t for t in range(min(cfg.threads, vectors), 1025)
+            if vectors // t <= most and warp_sums_problem(t, 1, vec, hidden) is None]
+    if warp_sums and even:
+        threads = even[0]
+    else:
+        threads = min(1024, max(cfg.threads, _pow2_at_least(-(-vectors // most))))
+        while threads > vectors:  # no idle thread: see space.fwd_kept_variants
+            threads //= 2
+        warp_sums = warp_sums and warp_sums_problem(threads, 1, vec, hidden) is None
+    early_weights = (early_weights and threads >= EARLY_WEIGHTS_THREADS
+                     and thread_vectors(hidden, threads, vec) * vec * elem_bytes <= SMALL_CALL_EARLY_WEIGHTS_BYTES)
+    return dataclasses.replace(cfg, threads=threads, vec=vec, warp_sums=warp_sums, early_weights=early_weights)
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
