@@ -1,6 +1,7 @@
 """`python -m tvmnorm build` then `python -m tvmnorm list`: the smoke test of the CLI."""
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -116,6 +117,21 @@ def test_list_records_reads_a_gpus_records_without_the_gpu_or_a_library(tmp_path
         main(["list", "--target", "cuda", "--library", str(tmp_path)])
     with pytest.raises(SystemExit, match="--schedules and --arch pick the records `tvmnorm list --records`"):
         main(["list", "--target", "cuda", "--arch", "sm_90"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or bool(glob.glob("/dev/nvidia[0-9]*"))
+                    or os.path.exists("/dev/dxg"), reason="a machine with a GPU asks it for its arch through TVM")
+def test_list_records_of_cuda_on_a_machine_without_a_gpu_does_not_import_tvm():
+    """`tvmnorm list --records --target cuda` where there is no GPU (no NVIDIA device node):
+    the arch is the default one (targets.cuda_arch), known without TVM, whose import took ~4 of
+    the command's ~4.5 s; what it lists is the committed sm_90 records."""
+    code = ("import sys; from tvmnorm.cli import main; main(['list', '--records', '--target', 'cuda']); "
+            "print('imported tvm' if 'tvm' in sys.modules else 'no tvm')")
+    env = {k: v for k, v in os.environ.items() if k != "TVMNORM_CUDA_ARCH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    header, *_, last = out.splitlines()
+    assert re.search(r"/schedules/cuda-sm_90\.json: \d+ records$", header), header
+    assert last == "no tvm"
 
 
 def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import os
 import re
 
 from .key import FP8, TVM_DTYPE  # noqa: E402 - no TVM import there
-from .targets import usable_cores  # noqa: E402 - no TVM import there
+from .targets import arch_number, usable_cores  # noqa: E402,F401 - no TVM import there
 
 # TVM's CPU thread pool assumes two hardware threads per core on x86 and uses half of the
 # logical CPUs; on machines without SMT (this VM, many cloud instances) that leaves cores idle:
@@ -155,14 +155,6 @@ _PDL_ATTR = ("  cudaLaunchAttribute cuda_pdl[1];\n"
              "  cuda_pdl[0].val.programmaticStreamSerializationAllowed = 1;\n"
              "  cuda_config.attrs = cuda_pdl;\n"
              "  cuda_config.numAttrs = 1;\n")
-
-
-def arch_number(arch: str) -> int:
-    """sm_90 -> 90, sm_90a -> 90."""
-    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-    if not m:
-        raise ValueError(f"not a CUDA arch: {arch!r}")
-    return int(m.group(1))
 
 
 def pdl_source(src: str, funcs: dict, launch: bool = True) -> str:

@@ -13,7 +13,10 @@ Where CUDA code is compiled (decided on purpose):
 from __future__ import annotations
 
 import functools
+import glob
 import os
+import re
+import sys
 
 KINDS = ("llvm", "cuda")
 
@@ -39,10 +42,17 @@ MIN_CUDA_ARCH = 80
 FP8_MIN_ARCH = 89
 
 
+def arch_number(arch: str) -> int:
+    """sm_90 -> 90, sm_90a -> 90."""
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if not m:
+        raise ValueError(f"not a CUDA arch: {arch!r}")
+    return int(m.group(1))
+
+
 def checked_cuda_arch(arch: str, what: str, fp8: bool = False) -> str:
     """``arch`` if tvmnorm's CUDA kernels (of an fp8-output key, with ``fp8``) compile for it,
     else a ValueError that names ``what`` asked for it."""
-    from ._tvm import arch_number
     n = arch_number(arch)
     if n < MIN_CUDA_ARCH:
         raise ValueError(f"{what} is {arch}: tvmnorm's CUDA kernels need sm_{MIN_CUDA_ARCH} or newer "
@@ -55,6 +65,10 @@ def checked_cuda_arch(arch: str, what: str, fp8: bool = False) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _local_cuda_arch() -> str | None:
+    # Linux without the NVIDIA driver's device nodes (or WSL's /dev/dxg) has no GPU to ask:
+    # answered without TVM, whose import (~4 s) was most of `tvmnorm list --records` on a CPU box
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/dxg"):
+        return None
     from ._tvm import cuda_device_arch
     return cuda_device_arch()
 
