@@ -91,8 +91,8 @@ RULE_KNOBS = {"8B": dict(thread_bytes=8), "32B": dict(thread_bytes=32), "64B": d
 def rule_knobs(key: NormKey) -> dict:
     """name -> CudaRowConfig: the small-call kernel a library serves ``key``'s decode rows with
     ("served"), the same rule with each knob of RULE_KNOBS moved, and the key's default forward
-    ("forward", the kernel that served them before the rule took one row a block apart), each
-    distinct kernel once."""
+    ("forward": until session 59 it served them too, at one row a block), each distinct kernel
+    once."""
     h, b = key.hidden_size, DTYPE_BYTES[key.itype]
     out = {"served": small_call_cuda_heuristic(h, b)}
     for name, knobs in {**RULE_KNOBS, "forward": None}.items():
