@@ -113,11 +113,11 @@ def _alloc(like, shape, dtype: str, zero: bool = False):
 # A tuned library serves forward calls of at most this many bytes of x (decode: 1-256 tokens,
 # up to 4 MiB at hidden 8192 in bf16; QK-norm's 8192 rows of 128, 2 MiB) with the small-call
 # kernel, the default rule's (sched.default.small_call_cuda_heuristic: a row split thinner than
-# the forward's, one barrier a row sum), which it holds beside the tuned one (build.small_call_funcs; a default key
-# holds one where it differs from its forward); the smallest training call of the catalog is
-# 16 MiB. Records are tuned at training rows, and at decode rows
-# the default, which keeps its row in registers with at most 8 vectors a thread, was the faster
-# of the two: on the H200 (bench/results/h200-tuned-run8.json, eighth lease, 60 decode cells with
+# the forward's, one barrier a row sum), which it holds beside the tuned one
+# (build.small_call_funcs; a default key holds one where it differs from its forward); the
+# smallest training call of the catalog is 16 MiB. Records are tuned at training rows, and at
+# decode rows the default, which keeps its row in registers with at most 8 vectors a thread, was
+# the faster of the two: on the H200 (bench/results/h200-tuned-run8.json, eighth lease, 60 decode cells with
 # both) 3.5% faster on average, >2% faster in 35, >2% slower in 7 (at most 0.4 us), and never
 # behind the best of torch eager and Liger, where the tuned records were in 4 cells.
 # The small-call kernel with its weights loaded with x, before the row sums' barriers
