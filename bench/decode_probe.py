@@ -10,7 +10,7 @@ do_bench (L2 flushed), rounds in turn, each point at its fastest round.
 
 --rule-knobs times the served kernel against the small-call rule with each of its knobs moved
 alone (RULE_KNOBS: bytes of the row a thread, vector width, weights loaded with x, one barrier a
-row sum) and the key's default forward.
+row sum, its warps' sums by shuffles) and the key's default forward.
 
 --around-served times, instead of the sweep, the kernel that serves decode rows (the small-call
 kernel: small_call_cuda_heuristic's) and its neighbours in the tuned forward's space: half to
@@ -85,7 +85,8 @@ def around_served(key: NormKey) -> dict:
 # The small-call rule's knobs (sched.default.small_call_cuda_heuristic's keyword arguments), each
 # moved alone from the rule's own value: --rule-knobs times these points.
 RULE_KNOBS = {"8B": dict(thread_bytes=8), "32B": dict(thread_bytes=32), "64B": dict(thread_bytes=64),
-              "v16B": dict(vector_bytes=16), "+ew": dict(early_weights=True), "-ws": dict(warp_sums=False)}
+              "v16B": dict(vector_bytes=16), "+ew": dict(early_weights=True), "-ws": dict(warp_sums=False),
+              "+shfl": dict(shuffle_sums=True)}
 
 
 def rule_knobs(key: NormKey) -> dict:

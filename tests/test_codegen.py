@@ -634,7 +634,7 @@ def test_decode_probe_times_the_served_small_call_kernel_beside_its_neighbours(b
     assert len(bodies) == len(points)
 
 
-@pytest.mark.parametrize("hidden", [128, 1000, 2560])
+@pytest.mark.parametrize("hidden", [128, 1000, 2560, 8192])
 def test_decode_probe_times_the_small_call_rule_against_its_knobs(bench_script, hidden):
     """bench/decode_probe.py --rule-knobs: the served kernel (small_call_cuda_heuristic's), the
     rule with each knob of RULE_KNOBS moved alone, and the key's default forward (what served
@@ -654,6 +654,8 @@ def test_decode_probe_times_the_small_call_rule_against_its_knobs(bench_script, 
         assert set(points) == {"served", "forward"}
     else:
         assert {"+ew", "v16B"} <= set(points) and ("-ws" in points) == points["served"].warp_sums
+        # the warps' sums by shuffles where a row has 32 warps
+        assert ("+shfl" in points) == (points["served"].threads == 1024) == (hidden == 8192)
     bodies = {kernel(cuda_source(key, cfg), "fwd") for cfg in points.values()}
     assert len(bodies) == len(points)
 
@@ -699,9 +701,35 @@ def test_chunk_weights_are_a_dx_schedule():
                                                                                    chunk_weights=True))
 
 
+@pytest.mark.parametrize("norm,otype,hidden,vec", [
+    ("layernorm", "bf16", 8192, 4), ("rmsnorm", "fp8e4m3", 8192, 8), ("layernorm", "fp8e4m3", 16384, 8)])
+def test_shuffle_sums_add_the_warps_sums_by_shuffles(norm, otype, hidden, vec):
+    """shuffle_sums (warp_sums over 32 warps a row): after the one barrier a row sum, lane w of
+    every warp reads warp w's sum from shared memory and the warp adds the 32 by five shuffles,
+    instead of every thread reading and adding all 32 (an unrolled chain of 32 adds a thread,
+    32 times the shared-memory reads); the barriers stay one a row sum (fp8's amax fold its own)."""
+    from tvmnorm.sched.rows import CudaRowConfig
+    key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
+    base = CudaRowConfig(threads=1024, vec=vec, keep_row=True, keep_y=otype != "bf16", warp_sums=True)
+    sums = ("sum", "varsum") if norm == "layernorm" else ("sumsq",)
+    sums += ("amax_row",) * (otype != "bf16")
+    before = kernel(cuda_source(key, row_config=base), "fwd")
+    after = kernel(cuda_source(key, row_config=dataclasses.replace(base, shuffle_sums=True)), "fwd")
+    for s in sums:
+        lane_read = rf"\b{s}_rf_shared_ptr\[\(\((int|int64_t)\)threadIdx\.x\)\]"
+        assert re.search(lane_read, after) and not re.search(lane_read, before), s
+    assert after.count("__syncthreads") == before.count("__syncthreads")
+    assert after.count("__shfl_down_sync") == before.count("__shfl_down_sync") + 5 * len(sums)
+    assert "for (int ax0" in before and "for (int ax0" not in after
+
+
 def test_warp_sums_apply_where_they_can():
     from tvmnorm.build import scheduled_funcs
     from tvmnorm.sched.rows import CudaRowConfig
+    with pytest.raises(ValueError, match="shuffle_sums needs warp_sums over 32 warps a row .*got 896 threads"):
+        CudaRowConfig(threads=896, vec=4, warp_sums=True, shuffle_sums=True)
+    with pytest.raises(ValueError, match="shuffle_sums needs .*1024 threads without warp_sums"):
+        CudaRowConfig(threads=1024, vec=4, shuffle_sums=True)
     with pytest.raises(ValueError, match="2 or more whole warps"):
         CudaRowConfig(threads=48, warp_sums=True)
     with pytest.raises(ValueError, match="2 or more whole warps"):

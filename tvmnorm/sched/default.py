@@ -91,7 +91,7 @@ SMALL_CALL_EARLY_WEIGHTS_BYTES = 32
 
 def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = SMALL_CALL_THREAD_BYTES,
                               vector_bytes: int = SMALL_CALL_VECTOR_BYTES, early_weights: bool = False,
-                              warp_sums: bool = True) -> CudaRowConfig:
+                              warp_sums: bool = True, shuffle_sums: bool = False) -> CudaRowConfig:
     """The forward of a small call (runtime.is_small_call: decode rows, at most a few MiB of x).
     A small call is launch and DRAM latency, not bandwidth: what counts is the chain one row
     waits on, and each further vector a thread, barrier, and load issued after a barrier
@@ -125,6 +125,10 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     rule it moved the H200's cells by -0.07 (layernorm) and +0.02 us (rmsnorm) a cell, the
     H100's 32-byte rule's by under 0.03, and on the H200 it made the forward's kernel slower
     (layernorm 8192 x 1 5.70 -> 6.94 us; runtime.SMALL_CALL_BYTES).
+
+    ``shuffle_sums`` adds the 32 warps' sums of a 1024-thread row (8192 and wider) by shuffles
+    within each warp instead of by every thread reading all 32 (rows.CudaRowConfig): the lead
+    above, compiled and float64-tested on the CPU's side but not yet timed on a GPU, so off.
     The keyword arguments are the knobs bench/decode_probe.py --rule-knobs times the rule
     against."""
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
@@ -148,7 +152,8 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
         warp_sums = warp_sums and warp_sums_problem(threads, 1, vec, hidden) is None
     early_weights = (early_weights and threads >= EARLY_WEIGHTS_THREADS
                      and thread_vectors(hidden, threads, vec) * vec * elem_bytes <= SMALL_CALL_EARLY_WEIGHTS_BYTES)
-    return dataclasses.replace(cfg, threads=threads, vec=vec, warp_sums=warp_sums, early_weights=early_weights)
+    return dataclasses.replace(cfg, threads=threads, vec=vec, warp_sums=warp_sums, early_weights=early_weights,
+                               shuffle_sums=shuffle_sums and warp_sums and threads == 1024)
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
