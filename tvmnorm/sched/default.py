@@ -128,7 +128,7 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
 
     ``shuffle_sums`` adds the 32 warps' sums of a 1024-thread row (8192 and wider) by shuffles
     within each warp instead of by every thread reading all 32 (rows.CudaRowConfig): the lead
-    above, compiled and float64-tested on the CPU's side but not yet timed on a GPU, so off.
+    above, compiled and its code checked on the CPU's side but never run on a GPU yet, so off.
     The keyword arguments are the knobs bench/decode_probe.py --rule-knobs times the rule
     against."""
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
