@@ -112,7 +112,7 @@ class CudaRowConfig:
             problem = warp_sums_problem(self.threads, self.rows, self.vec)
             if problem:
                 raise ValueError(problem)
-        if self.shuffle_sums and not (self.warp_sums and self.threads == 1024):
+        if self.shuffle_sums and not (self.warp_sums and isinstance(self.threads, int) and self.threads == 1024):
             # with fewer warps than lanes TVM's lowering drops the lane guard: lanes past the last
             # warp would read (and add) shared memory beyond the warps' sums
             raise ValueError(f"shuffle_sums needs warp_sums over 32 warps a row (1024 threads), got "
