@@ -460,13 +460,14 @@ def test_cuda_grouped_dx(norm, stage, dtype, hidden, threads, vec, group, rows, 
     ("layernorm", "fp16", "fp16", 2048, 64, 8, False), ("rmsnorm", "bf16", "fp8e4m3+y", 4096, 128, 4, True),
     ("layernorm", "bf16", "fp8e4m3", 7168, 896, 8, True),
     ("layernorm", "bf16", "bf16+shfl", 8192, 1024, 4, True), ("rmsnorm", "bf16", "fp8e4m3+y+shfl", 8192, 1024, 8, True),
-    ("layernorm", "fp32", "fp32+shfl", 16384, 1024, 4, False)])
+    ("layernorm", "fp32", "fp32+shfl", 16384, 1024, 4, False), ("layernorm", "bf16", "bf16+shfl", 2560, 320, 4, True),
+    ("rmsnorm", "bf16", "bf16+shfl", 7168, 896, 4, True), ("layernorm", "fp16", "fp16+shfl", 2048, 64, 8, False)])
 def test_cuda_fwd_warp_sums(norm, dtype, otype, hidden, threads, vec, keep, rows, rng, seed):
     """The forward whose row sums take one barrier (warp_sums: each warp's sum by shuffles into
-    shared memory, then every thread adds the warps', or at 32 warps with shuffle_sums each
-    warp adds them by shuffles): right against float64, with the row kept in registers or
-    loaded per stage, 2 to 32 warps a row (896 threads: 28), LayerNorm's two sums and fp8's
-    amax, and one row, an odd count and the training rows."""
+    shared memory, then every thread adds the warps', or with shuffle_sums each warp adds them
+    by shuffles, its lanes past the last warp guarded out): right against float64, with the
+    row kept in registers or loaded per stage, 2 to 32 warps a row (896 threads: 28), LayerNorm's
+    two sums and fp8's amax, and one row, an odd count and the training rows."""
     from tvmnorm.sched.rows import CudaRowConfig
     otype, shuffle = otype.removesuffix("+shfl"), otype.endswith("+shfl")
     otype, keep_y = otype.removesuffix("+y"), otype.endswith("+y")

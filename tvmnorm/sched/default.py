@@ -126,9 +126,9 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     H100's 32-byte rule's by under 0.03, and on the H200 it made the forward's kernel slower
     (layernorm 8192 x 1 5.70 -> 6.94 us; runtime.SMALL_CALL_BYTES).
 
-    ``shuffle_sums`` adds the 32 warps' sums of a 1024-thread row (8192 and wider) by shuffles
-    within each warp instead of by every thread reading all 32 (rows.CudaRowConfig): the lead
-    above, compiled and its code checked on the CPU's side but never run on a GPU yet, so off.
+    ``shuffle_sums`` adds the warps' sums by shuffles within each warp (lane w reads warp w's)
+    instead of by every thread reading all of them (rows.CudaRowConfig): for the lead above,
+    compiled and its code checked on the CPU's side but never run on a GPU yet, so off.
     The keyword arguments are the knobs bench/decode_probe.py --rule-knobs times the rule
     against."""
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
@@ -153,7 +153,7 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     early_weights = (early_weights and threads >= EARLY_WEIGHTS_THREADS
                      and thread_vectors(hidden, threads, vec) * vec * elem_bytes <= SMALL_CALL_EARLY_WEIGHTS_BYTES)
     return dataclasses.replace(cfg, threads=threads, vec=vec, warp_sums=warp_sums, early_weights=early_weights,
-                               shuffle_sums=shuffle_sums and warp_sums and threads == 1024)
+                               shuffle_sums=shuffle_sums and warp_sums)
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:

@@ -66,9 +66,10 @@ class CudaRowConfig:
     warp_sums: bool = False   # fwd only: each row sum reduced per warp (shuffles), the warps'
                               # sums then added by every thread from shared memory: one barrier
                               # a reduction instead of two (_warp_sums); threads in whole warps
-    shuffle_sums: bool = False  # with warp_sums at 32 warps a row: the warps' sums added by one
-                              # warp-wide shuffle reduction (lane w reads warp w's), not by every
-                              # thread reading all 32 from shared memory (_warp_sums)
+    shuffle_sums: bool = False  # with warp_sums: the warps' sums added by one shuffle reduction
+                              # in each warp (lane w reads warp w's, lanes past the last warp add
+                              # nothing), not by every thread reading all of them from shared
+                              # memory (_warp_sums)
     early_weights: bool = False  # fwd with keep_row only: gamma (and beta) loaded into registers
                               # with x, before the row sums' barriers, instead of after them
     chunk_weights: bool = False  # fused dx only: gamma loaded into registers once a chunk lane,
@@ -112,11 +113,8 @@ class CudaRowConfig:
             problem = warp_sums_problem(self.threads, self.rows, self.vec)
             if problem:
                 raise ValueError(problem)
-        if self.shuffle_sums and not (self.warp_sums and isinstance(self.threads, int) and self.threads == 1024):
-            # with fewer warps than lanes TVM's lowering drops the lane guard: lanes past the last
-            # warp would read (and add) shared memory beyond the warps' sums
-            raise ValueError(f"shuffle_sums needs warp_sums over 32 warps a row (1024 threads), got "
-                             f"{self.threads} threads{'' if self.warp_sums else ' without warp_sums'}")
+        if self.shuffle_sums and not self.warp_sums:
+            raise ValueError("shuffle_sums needs warp_sums: it is how the warps' sums are added")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,10 +377,13 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         if name in warp_sums.values():
             if cfg.shuffle_sums:
                 # its loops are (..., warp, unit row): the warps' sums one a lane, the reduction
-                # over them then lowered to shuffles within each warp (every warp gets the sum)
+                # over them then lowered to shuffles within each warp (every warp gets the sum).
+                # Split to a whole warp of lanes first: bound as it is, a loop of fewer than 32
+                # lost its guard in the lowering, and the lanes past the last warp read (and
+                # added) shared memory beyond the sums; the split's predicate keeps them out.
                 warp, unit = sch.get_loops(blk)[-2:]
                 sch.reorder(unit, warp)
-                sch.bind(warp, "threadIdx.x")
+                sch.bind(sch.split(warp, [None, 32])[1], "threadIdx.x")
             continue  # else the sum of the warps' sums, by every thread of the row
         if name in warp_sums:
             outer, w, lane, v = _warp_sum_loops(sch, blk)
