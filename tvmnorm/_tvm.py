@@ -12,7 +12,7 @@ import os
 import re
 
 from .key import FP8, TVM_DTYPE  # noqa: E402 - no TVM import there
-from .targets import arch_number, usable_cores  # noqa: E402,F401 - no TVM import there
+from .targets import usable_cores  # noqa: E402 - no TVM import there
 
 # TVM's CPU thread pool assumes two hardware threads per core on x86 and uses half of the
 # logical CPUs; on machines without SMT (this VM, many cloud instances) that leaves cores idle:

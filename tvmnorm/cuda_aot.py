@@ -14,7 +14,7 @@ import pathlib
 import shutil
 import subprocess
 
-from .targets import target_spec, usable_cores
+from .targets import arch_number, target_spec, usable_cores
 
 # tvm-ffi's loader fills in the library context of a module; the generated source defines it,
 # so a library of several translation units defines it in the first and declares it in the rest.
@@ -53,7 +53,7 @@ def pdl_enabled(arch: str) -> bool:
     """Whether a library for ``arch`` launches the kernels that follow another of its own in a
     call with programmatic dependent launch (_tvm.pdl_source): on sm_90+, unless TVMNORM_PDL=0
     (the same kernels launched plainly: the A/B)."""
-    from ._tvm import PDL_MIN_ARCH, arch_number
+    from ._tvm import PDL_MIN_ARCH
     return arch_number(arch) >= PDL_MIN_ARCH and os.environ.get("TVMNORM_PDL", "1") != "0"
 
 
@@ -69,7 +69,7 @@ def cuda_host_source(funcs: dict, arch: str) -> str:
 def unit_sources(funcs: dict, arch: str, units: int) -> list:
     """The CUDA C++ of ``funcs`` (symbol -> scheduled PrimFunc) cut into at most ``units``
     translation units that link into one library."""
-    from ._tvm import PDL_MIN_ARCH, arch_number, pdl_source
+    from ._tvm import PDL_MIN_ARCH, pdl_source
     names = list(funcs)
     units = max(1, min(units, len(names) // _MIN_PER_UNIT or 1))
     sources = []

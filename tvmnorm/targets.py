@@ -63,11 +63,15 @@ def checked_cuda_arch(arch: str, what: str, fp8: bool = False) -> str:
     return arch
 
 
+def no_gpu_device_node() -> bool:
+    """Linux without the NVIDIA driver's device nodes (or WSL's /dev/dxg): no GPU to ask, known
+    without TVM, whose import (~4 s) was most of `tvmnorm list --records` on a CPU box."""
+    return sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/dxg")
+
+
 @functools.lru_cache(maxsize=None)
 def _local_cuda_arch() -> str | None:
-    # Linux without the NVIDIA driver's device nodes (or WSL's /dev/dxg) has no GPU to ask:
-    # answered without TVM, whose import (~4 s) was most of `tvmnorm list --records` on a CPU box
-    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/dxg"):
+    if no_gpu_device_node():
         return None
     from ._tvm import cuda_device_arch
     return cuda_device_arch()

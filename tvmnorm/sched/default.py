@@ -141,11 +141,11 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     vec = _widest_vector(hidden, elem_bytes, vector_bytes)
     vectors = -(-hidden // vec)
     most = max(1, thread_bytes // (vec * elem_bytes))
-    even = [t for t in range(min(cfg.threads, vectors), 1025)
-            if vectors // t <= most and warp_sums_problem(t, 1, vec, hidden) is None]
-    if warp_sums and even:
-        threads = even[0]
-    else:
+    threads = None
+    if warp_sums:  # the fewest whole warps that split the row evenly
+        threads = next((t for t in range(min(cfg.threads, vectors), 1025)
+                        if vectors // t <= most and warp_sums_problem(t, 1, vec, hidden) is None), None)
+    if threads is None:
         threads = min(1024, max(cfg.threads, _pow2_at_least(-(-vectors // most))))
         while threads > vectors:  # no idle thread: see space.fwd_kept_variants
             threads //= 2
