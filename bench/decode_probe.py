@@ -39,7 +39,7 @@ from tvmnorm.bench import Timer, copy_roofline, liger_norm, probe_meta, probe_pa
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import variant_kernel
-from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
+from tvmnorm.sched.default import SMALL_CALL_SHUFFLE_WARPS, fwd_cuda_heuristic, small_call_cuda_heuristic
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, ROWS, THREADS, fwd_kept_variants
 from tvmnorm.shapes import shape_of
 
@@ -76,7 +76,8 @@ def around_served(key: NormKey) -> dict:
         return out
     for threads, vec, _, ws, ew in fwd_kept_variants(key):
         if served.threads // 2 <= threads <= 2 * served.threads:
-            cfg = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=ew, warp_sums=ws)
+            cfg = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=ew, warp_sums=ws,
+                                      shuffle_sums=ws and threads >= 32 * SMALL_CALL_SHUFFLE_WARPS)
             if cfg != served:
                 out[f"{threads}x1v{vec}" + "+ew" * ew + "+ws" * ws] = cfg
     return out
@@ -86,7 +87,7 @@ def around_served(key: NormKey) -> dict:
 # moved alone from the rule's own value: --rule-knobs times these points.
 RULE_KNOBS = {"8B": dict(thread_bytes=8), "32B": dict(thread_bytes=32), "64B": dict(thread_bytes=64),
               "v16B": dict(vector_bytes=16), "+ew": dict(early_weights=True), "-ws": dict(warp_sums=False),
-              "+shfl": dict(shuffle_sums=True)}
+              "+shfl": dict(shuffle_warps=1), "-shfl": dict(shuffle_warps=33)}
 
 
 def rule_knobs(key: NormKey) -> dict:

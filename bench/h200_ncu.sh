@@ -11,7 +11,9 @@
 # Each case: op hidden impl kernel-regex [launches to skip]. GPUS=2 runs two queues, FIRST_GPU=1
 # starts them at GPU 1. NCU_SET=full collects ncu's full set instead (source counters: the
 # stall samples by SASS instruction, kept as the report <name>.ncu-rep and its source page, SASS
-# with each instruction's samples, as <name>-sass.csv). Writes $OUT/ncu/<op>-<hidden>-<impl>.txt.
+# with each instruction's samples, as <name>-sass.csv). ROWS=<tokens> profiles a decode call
+# instead of the training rows (profile_case.py --rows). Writes $OUT/ncu/<op>-<hidden>-<impl>.txt
+# (<op>-<hidden>-<impl>-x<tokens>.txt with ROWS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -24,16 +26,16 @@ SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occu
 STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 profile() {  # gpu op hidden impl regex [skip]
   local gpu=$1 op=$2 h=$3 impl=$4 re=$5 skip=${6:-2}
-  local f="$OUT/ncu/$op-$h-$impl.txt" rep=()
-  [ -n "${NCU_SET:-}" ] && rep=(-o "$OUT/ncu/$op-$h-$impl" -f)
+  local name="$OUT/ncu/$op-$h-$impl${ROWS:+-x$ROWS}" rep=()
+  local f="$name.txt"
+  [ -n "${NCU_SET:-}" ] && rep=(-o "$name" -f)
   CUDA_VISIBLE_DEVICES=$gpu timeout 240 "$NCU" --clock-control none --target-processes all -k "regex:$re" \
     --launch-skip "$skip" --launch-count 1 $SECTIONS --metrics "$STALLS" "${rep[@]}" \
-    python bench/profile_case.py --op "$op" --hidden "$h" --impl "$impl" > "$f" 2>&1 \
+    python bench/profile_case.py --op "$op" --hidden "$h" --impl "$impl" --rows "${ROWS:-train}" > "$f" 2>&1 \
     || echo "!! $op $h $impl: rc $?" >> "$f"
   if [ -n "${NCU_SET:-}" ]; then
-    "$NCU" -i "$OUT/ncu/$op-$h-$impl.ncu-rep" --print-details all >> "$f" 2>&1
-    "$NCU" -i "$OUT/ncu/$op-$h-$impl.ncu-rep" --page source --print-source sass --csv \
-      > "$OUT/ncu/$op-$h-$impl-sass.csv" 2>&1
+    "$NCU" -i "$name.ncu-rep" --print-details all >> "$f" 2>&1
+    "$NCU" -i "$name.ncu-rep" --page source --print-source sass --csv > "$name-sass.csv" 2>&1
   fi
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size" "$f" \
     | sed "s|^|$op $h $impl: |"

@@ -565,23 +565,24 @@ def test_early_weights_load_before_the_row_sums(norm, otype, hidden, threads, ro
 
 
 @pytest.mark.parametrize("hidden,elem_bytes,small", [
-    (128, 2, (16, 8, 8, False, False)), (64, 2, (8, 16, 8, False, False)),  # rows that share a block:
-    (128, 4, (32, 4, 4, False, False)),                                     # one vector a thread
+    (128, 2, (16, 8, 8, False, False, False)), (64, 2, (8, 16, 8, False, False, False)),  # rows that share a
+    (128, 4, (32, 4, 4, False, False, False)),                          # block: one vector a thread
     (96, 2, None),  # twice the threads would idle (16 x 8 elements > 96): the forward's
-    (512, 2, (128, 1, 4, False, True)),  # one 8-byte vector a thread already: one barrier a row sum
-    (2560, 2, (320, 1, 4, False, True)),  # 640 vectors: 10 warps of 2 each
-    (7168, 2, (896, 1, 4, False, True)),  # 28 warps of 2 vectors each
-    (7168, 4, (1024, 1, 2, False, False)),  # 3584 vectors: no whole warps <= 1024 split them in 2s
+    (512, 2, (128, 1, 4, False, True, False)),  # one 8-byte vector a thread already: one barrier a row sum
+    (2560, 2, (320, 1, 4, False, True, False)),  # 640 vectors: 10 warps of 2 each
+    (7168, 2, (896, 1, 4, False, True, True)),  # 28 warps of 2 vectors each, their sums by shuffles
+    (8192, 2, (1024, 1, 4, False, True, True)),  # 32 warps
+    (7168, 4, (1024, 1, 2, False, False, False)),  # 3584 vectors: no whole warps <= 1024 split them in 2s
     (1000, 2, None),  # 250 vectors split by no whole warps: the forward's 128 threads
     (4095, 2, None),  # 2-byte vectors, 8 a thread: the forward's 512 threads
-    (65536, 2, (1024, 1, 4, False, True))])
+    (65536, 2, (1024, 1, 4, False, True, True))])
 def test_small_call_rule(hidden, elem_bytes, small):
     """sched.default.small_call_cuda_heuristic, as (threads, rows, vec, early_weights,
-    warp_sums): where rows share a block, the forward rule's kept row with twice the threads a
-    row and half the rows a block (unless threads would idle); a row a block, at most 16 bytes
-    of it a thread in 8-byte vectors, the fewest whole warps that split it evenly (one barrier
-    a row sum), else the fewest powers of two (at least the forward's), the weights loaded
-    after the sums. A default key gets a small-call kernel only where the rule differs
+    warp_sums, shuffle_sums): where rows share a block, the forward rule's kept row with twice
+    the threads a row and half the rows a block (unless threads would idle); a row a block, at
+    most 16 bytes of it a thread in 8-byte vectors, the fewest whole warps that split it evenly
+    (one barrier a row sum; from 24 warps up the warps' sums added by shuffles), else the fewest
+    powers of two (at least the forward's), the weights loaded after the sums. A default key gets a small-call kernel only where the rule differs
     from its forward (build.has_own_small_call), and it compiles to blocks of that shape."""
     from tvmnorm.build import has_own_small_call, key_funcs
     from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
@@ -589,7 +590,8 @@ def test_small_call_rule(hidden, elem_bytes, small):
     if small is None:
         assert got == rule
     else:
-        assert (got.threads, got.rows, got.vec, got.early_weights, got.warp_sums) == small and got.keep_row
+        assert (got.threads, got.rows, got.vec, got.early_weights, got.warp_sums, got.shuffle_sums) == small
+        assert got.keep_row
         assert got.threads * got.vec <= hidden  # no idle thread
         if rule.rows > 1:
             assert got.threads == 2 * rule.threads and got.threads * got.rows == rule.threads * rule.rows
@@ -605,6 +607,9 @@ def test_small_call_rule(hidden, elem_bytes, small):
         assert f"__launch_bounds__({got.threads * got.rows})" in src
         assert got.vec == 1 or f"threadIdx.x) * {got.vec}" in body
         assert ("threadIdx.z" in body) == got.warp_sums
+        if got.shuffle_sums:  # five more shuffles a row sum (layernorm: two) than every thread adding the warps'
+            alone = kernel(cuda_source(key, dataclasses.replace(got, shuffle_sums=False)), "fwd")
+            assert body.count("__shfl_down_sync") == alone.count("__shfl_down_sync") + 10
         if got.threads >= 64:  # sub-warp rows sum by shuffles alone: no barrier to load before
             barrier = body.index("__syncthreads")
             loads = [re.search(rf"\b{w}_ptr\b", body).start() for w in ("gamma", "beta")]
@@ -654,8 +659,12 @@ def test_decode_probe_times_the_small_call_rule_against_its_knobs(bench_script, 
         assert set(points) == {"served", "forward"}
     else:
         assert {"+ew", "v16B"} <= set(points) and ("-ws" in points) == points["served"].warp_sums
-        # the warps' sums by shuffles wherever they are the warps' (one barrier a row sum)
-        assert ("+shfl" in points) == points["served"].warp_sums == (hidden != 1000)
+        # the warps' sums by shuffles wherever they are the warps' (one barrier a row sum): the
+        # rule's own from SMALL_CALL_SHUFFLE_WARPS warps up (8192's 32), the knobs' at every count
+        served = points["served"]
+        assert served.warp_sums == (hidden != 1000) and served.shuffle_sums == (hidden == 8192)
+        assert ("+shfl" in points) == (served.warp_sums and not served.shuffle_sums)
+        assert ("-shfl" in points) == served.shuffle_sums
     bodies = {kernel(cuda_source(key, cfg), "fwd") for cfg in points.values()}
     assert len(bodies) == len(points)
 

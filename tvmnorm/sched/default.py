@@ -87,11 +87,12 @@ def fwd_cuda_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
 SMALL_CALL_THREAD_BYTES = 16
 SMALL_CALL_VECTOR_BYTES = 8
 SMALL_CALL_EARLY_WEIGHTS_BYTES = 32
+SMALL_CALL_SHUFFLE_WARPS = 24
 
 
 def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = SMALL_CALL_THREAD_BYTES,
                               vector_bytes: int = SMALL_CALL_VECTOR_BYTES, early_weights: bool = False,
-                              warp_sums: bool = True, shuffle_sums: bool = False) -> CudaRowConfig:
+                              warp_sums: bool = True, shuffle_warps: int = SMALL_CALL_SHUFFLE_WARPS) -> CudaRowConfig:
     """The forward of a small call (runtime.is_small_call: decode rows, at most a few MiB of x).
     A small call is launch and DRAM latency, not bandwidth: what counts is the chain one row
     waits on, and each further vector a thread, barrier, and load issued after a barrier
@@ -117,8 +118,8 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     bytes a thread lost to 16 at 2560 by 0.9 us a cell (rmsnorm, H100: 5 warps; h100-run61/),
     and 8 bytes, 16-byte vectors or two barriers a row sum were no faster overall on either
     card; at 8192 (32 warps) 16 warps or two barriers were 0.25-0.3 us a cell faster in all
-    three samples, a lead not yet taken. Liger's layernorm, host-bound on the H200, led this
-    kernel on the H100 at 34 of 48 cells by up to 1.1 us.
+    three samples. Liger's layernorm, host-bound on the H200, led this kernel on the H100 at 34
+    of 48 cells by up to 1.1 us.
 
     ``early_weights`` loads the weights with x instead of after the barriers (a second DRAM
     latency), where a thread keeps at most SMALL_CALL_EARLY_WEIGHTS_BYTES of x. Off: with this
@@ -126,9 +127,16 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     H100's 32-byte rule's by under 0.03, and on the H200 it made the forward's kernel slower
     (layernorm 8192 x 1 5.70 -> 6.94 us; runtime.SMALL_CALL_BYTES).
 
-    ``shuffle_sums`` adds the warps' sums by shuffles within each warp (lane w reads warp w's)
-    instead of by every thread reading all of them (rows.CudaRowConfig): for the lead above,
-    compiled and its code checked on the CPU's side but never run on a GPU yet, so off.
+    From ``shuffle_warps`` warps a block up, the warps' sums are added by shuffles within each
+    warp (lane w reads warp w's, rows.CudaRowConfig.shuffle_sums) instead of by every thread
+    reading all of them, which at 32 warps is a 32-deep chain of adds after the barrier. On an
+    H100 (bench/results/h100-run64/, float64-checked first) at 7168 and 8192 (28 and 32 warps)
+    the shuffles were faster at 13 of 16 cells, by 0.17 us a cell (up to 0.7, layernorm 8192 x
+    256); at 16 and 20 warps mixed (layernorm 0.08 us faster, rmsnorm 0.08 slower), and below 16
+    warps slower (0.05 us a cell for layernorm, 0.09 for rmsnorm, 13 of 56 cells faster). The
+    library's decode forwards at 7168 and 8192 then ran 0.54 (layernorm) and 0.14 us (rmsnorm) a
+    cell faster than in h100-run62/ (h100-run65/, another H100).
+
     The keyword arguments are the knobs bench/decode_probe.py --rule-knobs times the rule
     against."""
     cfg = fwd_cuda_heuristic(hidden, elem_bytes)
@@ -153,7 +161,7 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     early_weights = (early_weights and threads >= EARLY_WEIGHTS_THREADS
                      and thread_vectors(hidden, threads, vec) * vec * elem_bytes <= SMALL_CALL_EARLY_WEIGHTS_BYTES)
     return dataclasses.replace(cfg, threads=threads, vec=vec, warp_sums=warp_sums, early_weights=early_weights,
-                               shuffle_sums=shuffle_sums and warp_sums)
+                               shuffle_sums=warp_sums and threads >= 32 * shuffle_warps)
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
