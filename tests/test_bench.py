@@ -493,3 +493,18 @@ def test_lease_env_prepares_and_packs_a_device_call(tmp_path):
         files = {m.name: t.extractfile(m).read().decode() for m in t.getmembers() if m.isfile()}
     assert files["x/answer.txt"] == "42\n" and files["x/source-hash.txt"].strip() == source_hash()
     assert "torch" in files["x/device.txt"] and "cpus" in files["x/device.txt"]
+
+
+def test_profile_case_splits_a_do_bench_timeline_at_its_flushes(bench_script):
+    """bench/profile_case.py --gaps: each call's kernels are those after a flush, up to the next;
+    the GPU's idle time before the call's first kernel, its kernels' own time and the span from
+    the flush's end are medians over the calls; a timeline without a call's kernel is refused."""
+    flush_gaps = bench_script("profile_case").flush_gaps
+    fill = "fill<int8>"
+    timeline = [(fill, 0.0, 80.0), ("amax_zero", 83.0, 1.0), ("fwd", 85.0, 2.0),   # idle 3, kernels 3, span 7
+                (fill, 100.0, 80.0), ("fwd", 184.0, 2.5),                         # 4, 2.5, 6.5
+                (fill, 200.0, 80.0), ("amax_zero", 282.0, 1.0), ("fwd", 290.0, 2.0)]  # 2, 3, 12
+    got = flush_gaps(list(reversed(timeline)), fill)  # the trace's order is not the GPU's
+    assert got == {"calls": 3, "gap": 3.0, "kernels": 3.0, "span": 7.0}
+    with pytest.raises(ValueError, match="no call's kernel after a flush"):
+        flush_gaps([("fwd", 0.0, 2.0), (fill, 5.0, 80.0)], fill)
