@@ -582,8 +582,9 @@ def test_small_call_rule(hidden, elem_bytes, small):
     the threads a row and half the rows a block (unless threads would idle); a row a block, at
     most 16 bytes of it a thread in 8-byte vectors, the fewest whole warps that split it evenly
     (one barrier a row sum; from 24 warps up the warps' sums added by shuffles), else the fewest
-    powers of two (at least the forward's), the weights loaded after the sums. A default key gets a small-call kernel only where the rule differs
-    from its forward (build.has_own_small_call), and it compiles to blocks of that shape."""
+    powers of two (at least the forward's), the weights loaded after the sums. A default key
+    gets a small-call kernel only where the rule differs from its forward
+    (build.has_own_small_call), and it compiles to blocks of that shape."""
     from tvmnorm.build import has_own_small_call, key_funcs
     from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic
     rule, got = fwd_cuda_heuristic(hidden, elem_bytes), small_call_cuda_heuristic(hidden, elem_bytes)
@@ -607,7 +608,7 @@ def test_small_call_rule(hidden, elem_bytes, small):
         assert f"__launch_bounds__({got.threads * got.rows})" in src
         assert got.vec == 1 or f"threadIdx.x) * {got.vec}" in body
         assert ("threadIdx.z" in body) == got.warp_sums
-        if got.shuffle_sums:  # five more shuffles a row sum (layernorm: two) than every thread adding the warps'
+        if got.shuffle_sums:  # five more shuffles for each of layernorm's two row sums than without
             alone = kernel(cuda_source(key, dataclasses.replace(got, shuffle_sums=False)), "fwd")
             assert body.count("__shfl_down_sync") == alone.count("__shfl_down_sync") + 10
         if got.threads >= 64:  # sub-warp rows sum by shuffles alone: no barrier to load before

@@ -644,9 +644,10 @@ def test_cuda_default_key_serves_small_calls_with_its_own_kernel(cuda_kernels, n
     """A key without a record whose small-call rule differs from its forward's
     (sched.default.small_call_cuda_heuristic: QK-norm's hidden 128, one vector a thread; a row a
     block, at most 16 bytes of it a thread, one barrier a row sum over 10 or 28 warps at 2560 and
-    7168 in bf16, the 28 warps' sums added by shuffles, two over 32 warps at fp32 7168) holds a small-call kernel of its own: calls
-    of at most SMALL_CALL_BYTES of x run it, larger ones the int32 forward, both right against
-    float64 on either side of the bound (fp8 output with its amax)."""
+    7168 in bf16, the 28 warps' sums added by shuffles, two over 32 warps at fp32 7168) holds a
+    small-call kernel of its own: calls of at most SMALL_CALL_BYTES of x run it, larger ones the
+    int32 forward, both right against float64 on either side of the bound (fp8 output with its
+    amax)."""
     from tvmnorm.build import has_own_small_call
     from tvmnorm.key import DTYPE_BYTES
     from tvmnorm.runtime import SMALL_CALL_BYTES
