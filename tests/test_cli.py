@@ -133,6 +133,33 @@ def test_list_records_of_cuda_on_a_machine_without_a_gpu_does_not_import_tvm():
     assert last == "no tvm"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="the CPU's name is kept by its /proc/cpuinfo fields")
+def test_list_records_of_llvm_imports_tvm_once_a_cpu(tmp_path):
+    """`tvmnorm list --records --target llvm`: LLVM's name of the CPU (the records' file,
+    schedules/llvm-<cpu>.json) is asked of TVM the first time and kept under TVMNORM_CACHE, so a
+    later run lists the same file without importing TVM (~4 s); a kept name that is not one is
+    asked again and replaced; an unwritable cache costs only the import."""
+    from tvmnorm._tvm import llvm_system_cpu
+    code = ("import sys; from tvmnorm.cli import main; main(['list', '--records', '--target', 'llvm']); "
+            "print('imported tvm' if 'tvm' in sys.modules else 'no tvm')")
+
+    def listing(cache):
+        env = {**os.environ, "TVMNORM_CACHE": str(cache)}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+        header, *_, last = out.splitlines()
+        assert re.search(rf"/schedules/llvm-{re.escape(llvm_system_cpu())}\.json: \d+ records$", header), header
+        return last
+    assert listing(tmp_path) == "imported tvm"
+    (kept,) = (tmp_path / "host-cpu").iterdir()
+    assert kept.read_text().strip() == llvm_system_cpu()
+    assert listing(tmp_path) == "no tvm"
+    kept.write_text("not a cpu name\n")
+    assert listing(tmp_path) == "imported tvm" and kept.read_text().strip() == llvm_system_cpu()
+    unwritable = tmp_path / "file"
+    unwritable.write_text("")
+    assert listing(unwritable) == "imported tvm"  # TVMNORM_CACHE a file: nothing kept, nothing lost
+
+
 def test_warm_cache_fills_the_jit_cache_the_runtime_reads(tmp_path, monkeypatch):
     """scripts/warm_cache.py builds default kernels into the cache layout the registry uses (x's
     layouts too), so a GPU lease loads them instead of compiling (llvm here; CUDA goes through

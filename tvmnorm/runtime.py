@@ -37,7 +37,7 @@ from .build import (DECODE_PARTS, LIBRARY, MANIFEST, NARROW_PARTS, OPTIONAL_DECO
                     key_funcs, layout_record, narrow_prefix, record_fingerprint, scheduled_funcs, small_call_symbol,
                     small_dx_symbol, source_hash)
 from .key import DTYPE_BYTES, TVM_DTYPE, NormKey
-from .targets import KINDS, arch_of, cuda_arch, target_name
+from .targets import KINDS, arch_of, cache_root, cuda_arch, target_name
 
 FALLBACK_MESSAGE = ("Falling back to general normalization kernel because no tuned kernel is available "
                     "for this config. {}")
@@ -641,8 +641,7 @@ def default_library_path(kind: str) -> pathlib.Path:
 
 def cache_dir() -> pathlib.Path:
     from ._tvm import FFI_VERSION, TVM_VERSION
-    root = pathlib.Path(os.environ.get("TVMNORM_CACHE", pathlib.Path.home() / ".cache" / "tvmnorm"))
-    return root / f"{source_hash()}-tvm{TVM_VERSION}-ffi{FFI_VERSION}"
+    return cache_root() / f"{source_hash()}-tvm{TVM_VERSION}-ffi{FFI_VERSION}"
 
 
 @contextlib.contextmanager

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
+import importlib.metadata
 import os
+import pathlib
 import re
 import sys
 
@@ -90,10 +93,57 @@ def cuda_arch(fp8: bool = False) -> str:
     return checked_cuda_arch(local, "this machine's GPU", fp8) if local else DEFAULT_CUDA_ARCH
 
 
+def cache_root() -> pathlib.Path:
+    """Where tvmnorm keeps what it computed once for this machine: TVMNORM_CACHE, else
+    ~/.cache/tvmnorm (the default kernels' cache, runtime.cache_dir, is a folder of it)."""
+    return pathlib.Path(os.environ.get("TVMNORM_CACHE", pathlib.Path.home() / ".cache" / "tvmnorm"))
+
+
+# cpuinfo's fields that tell one CPU from another for LLVM's name of it: LLVM names the host by
+# its vendor, family and model, and by the features it finds (a VM may hide some)
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
+
+
+def _host_cpu_file() -> pathlib.Path | None:
+    """The file that keeps LLVM's name of this CPU (host_cpu), named for the CPU's cpuinfo
+    fields and TVM's version; None where either is unknown (no /proc/cpuinfo, a TVM built from
+    source), and the name is asked of TVM each process."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n", 1)[0]
+        tvm = importlib.metadata.version("apache-tvm")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return None
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+    ident = "\n".join([tvm] + [f"{k}={fields.get(k, '')}" for k in _CPU_FIELDS])
+    return cache_root() / "host-cpu" / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.txt"
+
+
 @functools.lru_cache(maxsize=None)
 def host_cpu() -> str:
+    """LLVM's name of this machine's CPU (the llvm target's mcpu; schedules/llvm-<cpu>.json).
+    Asking TVM takes its import (~4 s, most of `tvmnorm list --records --target llvm`), so the
+    answer is kept on disk for this CPU and TVM version (_host_cpu_file) and read from there
+    after the first time; a file that is unreadable or not a CPU name is asked again."""
+    path = _host_cpu_file()
+    if path is not None:
+        try:
+            name = path.read_text().strip()
+            if re.fullmatch(r"[A-Za-z0-9._-]+", name):
+                return name
+        except OSError:
+            pass
     from ._tvm import llvm_system_cpu
-    return llvm_system_cpu()
+    name = llvm_system_cpu()
+    if path is not None:
+        try:  # a cache that cannot be written costs the next process the import, nothing else
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(name + "\n")
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return name
 
 
 def target_spec(kind: str, arch: str | None = None) -> dict:
