@@ -7,6 +7,10 @@
 # this tree. On an H100: bench/profile_case.py --gaps at the decode cells where Liger's layernorm
 # led in ../h100-run65/ (where a do_bench figure goes between the flush and the call's end).
 #   bash .device/next/l66.sh pack   # here, first
+#   bash .device/next/l66.sh bench  # a later call on the same H200 (was l59.sh's, ~360 s): the
+#                                   # 72 records of leases 55-58 timed beside their defaults at
+#                                   # 16384 tokens; one slower than its default by more than 2%
+#                                   # goes back to `tune accept` with this run's JSON
 LIB=/tmp/lib-h100rec
 keys() {
   python - <<'PY'
@@ -27,6 +31,20 @@ if [ "${1:-}" = pack ]; then
 fi
 source bench/lease_env.sh || exit 1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader); el "$GPU"
+if [ "${1:-}" = bench ]; then
+  case "$GPU" in *H200*) ;; *) el "not an H200: nothing to time"; exit 0 ;; esac
+  export TVMNORM_CACHE=/tmp/tvmnorm-cache TVMNORM_LIBRARY=$LIB
+  [ -f $LIB/manifest.json ] || { mkdir -p "$LIB" && tar xJf .device/next/h100rec.txz -C "$LIB" --strip-components=1; }
+  for ops in "rmsnorm_fwd_add,layernorm_fwd_add fp16" "rmsnorm_bwd_add,layernorm_bwd_add fp16" \
+             "rmsnorm_fwd_add_fp8,layernorm_fwd_add_fp8 bf16"; do
+    set -- $ops
+    timeout ${BENCH_S:-120} python -m tvmnorm.bench --target cuda --ops "$1" --dtypes "$2" --shapes all --rows train \
+      --impls tvmnorm_tuned,tvmnorm_default --out "$X" --name "h200-h100rec-${1%%,*}-$2" --no-plots \
+      > "$X/bench-${1%%,*}-$2.log" 2>&1; el "bench $1 $2 rc $?"
+  done
+  grep -h "^ *[0-9]\|^[a-z]" "$X"/bench-*.log | head -90
+  exit 0
+fi
 case "$GPU" in
   *H200*)
     mkdir -p "$LIB" && tar xJf .device/next/h100rec.txz -C "$LIB" --strip-components=1; el "unpacked rc $?"
