@@ -39,7 +39,7 @@ from tvmnorm.bench import Timer, copy_roofline, liger_norm, probe_meta, probe_pa
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.reference import fwd as reference_fwd
 from tvmnorm.runtime import variant_kernel
-from tvmnorm.sched.default import SMALL_CALL_SHUFFLE_WARPS, fwd_cuda_heuristic, small_call_cuda_heuristic
+from tvmnorm.sched.default import fwd_cuda_heuristic, small_call_cuda_heuristic, small_call_shuffles
 from tvmnorm.sched.space import EARLY_WEIGHTS_THREADS, ROWS, THREADS, fwd_kept_variants
 from tvmnorm.shapes import shape_of
 
@@ -77,7 +77,7 @@ def around_served(key: NormKey) -> dict:
     for threads, vec, _, ws, ew in fwd_kept_variants(key):
         if served.threads // 2 <= threads <= 2 * served.threads:
             cfg = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=ew, warp_sums=ws,
-                                      shuffle_sums=ws and threads >= 32 * SMALL_CALL_SHUFFLE_WARPS)
+                                      shuffle_sums=small_call_shuffles(threads, ws))
             if cfg != served:
                 out[f"{threads}x1v{vec}" + "+ew" * ew + "+ws" * ws] = cfg
     return out

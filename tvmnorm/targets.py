@@ -12,6 +12,7 @@ Where CUDA code is compiled (decided on purpose):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -136,13 +137,14 @@ def host_cpu() -> str:
     from ._tvm import llvm_system_cpu
     name = llvm_system_cpu()
     if path is not None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:  # a cache that cannot be written costs the next process the import, nothing else
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(name + "\n")
             os.replace(tmp, path)
         except OSError:
-            pass
+            with contextlib.suppress(OSError):
+                tmp.unlink()
     return name
 
 

@@ -90,6 +90,13 @@ SMALL_CALL_EARLY_WEIGHTS_BYTES = 32
 SMALL_CALL_SHUFFLE_WARPS = 24
 
 
+def small_call_shuffles(threads: int, warp_sums: bool, shuffle_warps: int = SMALL_CALL_SHUFFLE_WARPS) -> bool:
+    """Whether a small-call block of ``threads`` adds its warps' sums by shuffles
+    (rows.CudaRowConfig.shuffle_sums): with one barrier a row sum, from ``shuffle_warps`` warps
+    up (small_call_cuda_heuristic says why)."""
+    return warp_sums and threads >= 32 * shuffle_warps
+
+
 def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = SMALL_CALL_THREAD_BYTES,
                               vector_bytes: int = SMALL_CALL_VECTOR_BYTES, early_weights: bool = False,
                               warp_sums: bool = True, shuffle_warps: int = SMALL_CALL_SHUFFLE_WARPS) -> CudaRowConfig:
@@ -161,7 +168,7 @@ def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = 
     early_weights = (early_weights and threads >= EARLY_WEIGHTS_THREADS
                      and thread_vectors(hidden, threads, vec) * vec * elem_bytes <= SMALL_CALL_EARLY_WEIGHTS_BYTES)
     return dataclasses.replace(cfg, threads=threads, vec=vec, warp_sums=warp_sums, early_weights=early_weights,
-                               shuffle_sums=warp_sums and threads >= 32 * shuffle_warps)
+                               shuffle_sums=small_call_shuffles(threads, warp_sums, shuffle_warps))
 
 
 def decode_dx_heuristic(hidden: int, elem_bytes: int) -> CudaRowConfig:
