@@ -58,7 +58,7 @@ def rows_sweep(key: NormKey, rows: list) -> dict:
     again computing a block whose rows are all in bounds without row guards (+fc)."""
     base = fwd_cuda_heuristic(key.hidden_size, 2)
     out = {}
-    for threads, vec, keep_y, ws, early in fwd_kept_variants(key):
+    for threads, vec, keep_y, ws, early, _ in fwd_kept_variants(key):
         if ws or early or keep_y != key.fp8_out or threads > 32 or vec * DTYPE_BYTES[key.itype] != 16:
             continue
         for r in rows:
@@ -81,9 +81,9 @@ def points(key: NormKey, variants: bool = True) -> dict:
     if not key.fp8_out:
         out["default-flipped"] = dataclasses.replace(base, keep_row=not base.keep_row, keep_y=False)
         out["loaded-per-stage"] = cuda_row_heuristic(key.hidden_size, 2)
-    for threads, vec, keep_y, ws, early in fwd_kept_variants(key) if variants else ():
-        if early:
-            continue  # every kept point comes with +ew below
+    for threads, vec, keep_y, ws, early, shfl in fwd_kept_variants(key) if variants else ():
+        if early or shfl:
+            continue  # every kept point comes with +ew below; shuffle_sums is the tuned space's
         rows = 1 if ws else cuda_row_heuristic(threads * vec, 2).rows if threads < 128 else 1
         name = f"{threads}x{rows}v{vec}+keep" + ("+y" if keep_y else "") + ("+ws" if ws else "")
         out[name] = dataclasses.replace(base, threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,

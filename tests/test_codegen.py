@@ -1050,10 +1050,8 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     from tvmnorm.sched.space import fwd_kept_variants
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     assert "fwd_kernel" in cuda_source(key)
-    for threads, vec, keep_y, warp_sums, early_weights in fwd_kept_variants(key):
-        cfg = CudaRowConfig(threads=threads, rows=1 if warp_sums else max(1, 128 // threads), vec=vec, keep_row=True,
-                            keep_y=keep_y, warp_sums=warp_sums, early_weights=early_weights)
-        cuda_source(key, row_config=cfg)
+    for kept in fwd_kept_variants(key):
+        cuda_source(key, row_config=kept.config(1 if kept.warp_sums else max(1, 128 // kept.threads)))
 
 
 @pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),

@@ -981,12 +981,15 @@ def test_fused_variants_add_warp_multiples_that_split_the_row_evenly():
     assert {(224, 8), (448, 8), (896, 8), (512, 8), (256, 8), (448, 4), (896, 4)} <= threads
     # the forward keeps them for its warp_sums variants (which need an even split) alone
     kept = fwd_kept_variants(NormKey(hidden_size=7168))
-    assert all(t & (t - 1) == 0 for t, _, _, ws, _ in kept if not ws)
-    assert {(t, v) for t, v, _, ws, _ in kept if ws} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4), (256, 4),
+    assert all(v.threads & (v.threads - 1) == 0 for v in kept if not v.warp_sums)
+    assert {(v.threads, v.vec) for v in kept if v.warp_sums} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4), (256, 4),
                                                          (448, 4), (896, 4)}
     # each of rows with barriers (64 threads or more) again with its weights loaded before them
-    assert {v[:4] for v in kept if v[4]} == {v[:4] for v in kept if v[0] >= 64}
-    assert all(not v[4] for v in fwd_kept_variants(NormKey(hidden_size=128)))
+    assert {v[:4] for v in kept if v.early_weights} == {v[:4] for v in kept if v.threads >= 64}
+    assert all(not v.early_weights for v in fwd_kept_variants(NormKey(hidden_size=128)))
+    # and each of 16 warps or more (warp_sums) again adding the warps' sums by shuffles
+    assert {v[:5] for v in kept if v.shuffle_sums} == {v[:5] for v in kept if v.warp_sums and v.threads >= 512}
+    assert {v.threads for v in kept if v.shuffle_sums} == {896} and all(v.warp_sums for v in kept if v.shuffle_sums)
     assert {v[0] for v in fused_cuda_variants(NormKey(stage="bwd", hidden_size=4095))} == {1024}
 
 

@@ -45,13 +45,15 @@ the walk (``hoist_inits``) and whether they live in shared memory instead of reg
 CUDA space whether rows are loaded evict-first (``stream``). The kept-row
 forward variants come again with one barrier a row sum (``warp_sums``) where the row splits
 evenly over whole warps, and, where a row's sums take barriers, with the weights loaded with x
-before them (``early_weights``).
+before them (``early_weights``), and from SHUFFLE_SUMS_WARPS warps a row with the warps' sums
+added by shuffles (``shuffle_sums``).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import os
+from typing import NamedTuple
 
 from ..compute.norms import CUDA_CHUNK_ROWS
 from ..key import DTYPE_BYTES, NormKey
@@ -118,10 +120,10 @@ def cuda_space(key: NormKey, fused=None, kept=None):
     layout of its row operands and partial sums (a constant of the trace, see _thread_layout),
     the software pipeline over its rows and where gamma is loaded (a cache stage or none), and
     its loops over registers are unrolled whatever the unroll knob, so only rows per block is
-    sampled there. ``kept`` = (threads, vec, keep_y, warp_sums,
-    early_weights) makes it a forward variant that keeps the row of x (and fp8's y) in registers
-    (``keep_row``), for the same reasons structural, and warp_sums changes the thread layout
-    (lanes and warps), early_weights where the weights' loads go (a compute_at position)."""
+    sampled there. ``kept`` (a KeptVariant) makes it a forward variant that keeps the row of x
+    (and fp8's y) in registers (``keep_row``), for the same reasons structural, and warp_sums
+    changes the thread layout (lanes and warps), early_weights where the weights' loads go (a
+    compute_at position), shuffle_sums the loops of the sum of the warps' sums."""
     def space(sch):
         # sampled even where there is one choice (warp_sums: one row a block): a trace that samples
         # nothing is the default rule's (tune.is_default_trace)
@@ -134,10 +136,7 @@ def cuda_space(key: NormKey, fused=None, kept=None):
                                 full_chunks=_categorical(sch, FULL_CHUNKS), hoist_inits=_categorical(sch, HOIST_INITS),
                                 shared_sums=_categorical(sch, shared_sums_choices(key, fused)))
         elif kept is not None:
-            threads, vec, keep_y, warp_sums, early_weights = kept
-            cfg = CudaRowConfig(threads=threads, rows=rows, vec=vec, keep_row=True, keep_y=keep_y,
-                                warp_sums=warp_sums, early_weights=early_weights,
-                                full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0)
+            cfg = kept.config(rows, full_chunks=_categorical(sch, FULL_CHUNKS) if kept_guarded(kept) else 0)
         else:
             cfg = CudaRowConfig(threads=_categorical(sch, cuda_thread_choices(key)), rows=rows,
                                 vec=_categorical(sch, cuda_vec_choices(key)),
@@ -360,6 +359,27 @@ def fused_lanes(fused) -> list:
 EARLY_WEIGHTS_THREADS = 64
 # Vectors of x one thread of a kept-row forward holds (FWD_KEPT_VECTORS * 16 bytes: 32 registers).
 FWD_KEPT_VECTORS = 8
+# Warps a row from which a warp_sums variant also comes adding its warps' sums by shuffles
+# (shuffle_sums). On an H100 (bench/results/h100-run64/) the small-call kernel took it 0.17 us a
+# call faster at 28-32 warps, mixed at 16-20 and slower below 16; at 16384 tokens nobody
+# measured it, so the search is offered it from 16 warps, the lowest where it ever won.
+SHUFFLE_SUMS_WARPS = 16
+
+
+class KeptVariant(NamedTuple):
+    """One structural variant of the forward that keeps its row of x in registers
+    (fwd_kept_variants): the knobs that decide its register and thread layout, so not sampled."""
+    threads: int
+    vec: int
+    keep_y: bool
+    warp_sums: bool
+    early_weights: bool
+    shuffle_sums: bool = False
+
+    def config(self, rows: int, **knobs) -> CudaRowConfig:
+        return CudaRowConfig(threads=self.threads, rows=rows, vec=self.vec, keep_row=True, keep_y=self.keep_y,
+                             warp_sums=self.warp_sums, early_weights=self.early_weights,
+                             shuffle_sums=self.shuffle_sums, **knobs)
 
 
 # Widths below which torch.compile's forward keeps x (a persistent reduction) and its launch
@@ -391,7 +411,7 @@ def torch_compile_fwd_shapes(key: NormKey) -> dict:
 
 
 def fwd_kept_variants(key: NormKey) -> list:
-    """(threads, vec, keep_y, warp_sums, early_weights) of the forward that keeps its row of x in registers:
+    """KeptVariants of the forward that keeps its row of x in registers:
     the two widest vector widths, and thread counts that give every thread 1 to
     FWD_KEPT_VECTORS vectors of the row and leave none without one (with idle threads,
     layernorm at hidden 1 failed to build: TVM mixed int32 and int64 bounds). With fp8 output
@@ -402,7 +422,9 @@ def fwd_kept_variants(key: NormKey) -> list:
     (exact_thread_counts), which warp_sums needs: at 7168 no power of two times 16 bytes does.
     Each variant of rows of several warps, whose row sums wait at barriers, comes again with
     the weights loaded with x before them (early_weights): the registers they take (as many as
-    x's, twice that for layernorm) may cost more warps than the wait after the barrier."""
+    x's, twice that for layernorm) may cost more warps than the wait after the barrier. And each
+    warp_sums variant of SHUFFLE_SUMS_WARPS warps or more comes again with the warps' sums added
+    by shuffles (shuffle_sums), as the small-call rule does from 24."""
     h = key.hidden_size
     out = []
     for vec in cuda_vec_choices(key)[-2:]:
@@ -412,16 +434,17 @@ def fwd_kept_variants(key: NormKey) -> list:
             if not (1 <= vectors <= FWD_KEPT_VECTORS and threads * vec <= h):
                 continue
             sums = [False] * (threads not in exact) + [True] * (warp_sums_problem(threads, 1, vec, h) is None)
-            out += [(threads, vec, keep_y, ws, early) for ws in sums
+            out += [KeptVariant(threads, vec, keep_y, ws, early, shfl) for ws in sums
                     for keep_y in ((False, True) if key.fp8_out else (False,))
-                    for early in ((False, True) if threads >= EARLY_WEIGHTS_THREADS else (False,))]
+                    for early in ((False, True) if threads >= EARLY_WEIGHTS_THREADS else (False,))
+                    for shfl in ((False, True) if ws and threads >= 32 * SHUFFLE_SUMS_WARPS else (False,))]
     return out
 
 
 def kept_rows(kept) -> list:
     """Rows per block a kept-row variant can have: one under warp_sums (its barrier must not sit
     under the last block's row guard), else as many as a block holds."""
-    return [1] if kept[3] else fused_rows(kept[0])
+    return [1] if kept.warp_sums else fused_rows(kept.threads)
 
 
 def kept_guarded(kept) -> bool:
