@@ -70,7 +70,7 @@ def adopt(runs, write=False):
             def us(name):
                 return [round(r["us"], 2) for r in timings[name]["records"] if r["impl"] == "tvmnorm_tuned"
                         and record_key(r).pack() == int(packed, 16) and r["rows"] in (16384, 524288)][0]
-            ab = {"device": device, "files": [f"bench/results/h200-run51/{pathlib.Path(files).name}/{n}.json" for n in timings],
+            ab = {"device": device, "files": [f"{files}/{n}.json" for n in timings],  # as given: from the repo root
                   "old_us": [us("old-0"), us("old-1")], "new_us": [us("new-0"), us("new-1")]}
             records[packed] = dict(rec, accepted_ab=ab)
             changed.append(packed)
