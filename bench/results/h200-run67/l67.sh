@@ -2,8 +2,8 @@
 # bf16 forward at 4096-8192 (rmsnorm and layernorm), where the space now offers the warps' sums
 # added by shuffles (space.SHUFFLE_SUMS_WARPS; torch.compile led rmsnorm 7168 and 8192 by up to
 # 2.2% on the H200), retuned seeded with the committed records (job.sh JOB=fwd, RETUNE=1), 48
-# trials; then the library of the committed records ("old", built here) against the retune's
-# ("new"), timed old, new, new, old at 16384 tokens, for ../h200-run51/ab_accept.py.
+# trials; then bench/lease_ab.sh: the library of the committed records ("old", built here)
+# against the retune's ("new"), timed old, new, new, old at 16384 tokens, for ../h200-run51/ab_accept.py.
 #   bash .device/next/l67.sh tune    # ~330 s (resumable: the state is /tmp/tvmnorm-tune-fwd)
 #   bash .device/next/l67.sh bench   # the next call on the same machine, ~450 s
 export JOB=fwd HIDDEN=${HIDDEN:-4096,5120,7168,8192} TRIALS=${TRIALS:-48}
@@ -12,14 +12,4 @@ if [ "${1:-}" = tune ]; then
   exit
 fi
 PHASE=bench TUNE_SECONDS=90 CHECK_SECONDS=60 BENCH_SECONDS=150 bash .device/next/job.sh
-source bench/lease_env.sh || exit 1
-export TVMNORM_CACHE=/tmp/tvmnorm-cache
-timeout 200 python -m tvmnorm build --target cuda --hidden "$HIDDEN" --stages fwd --dtypes bf16 --tuned-only --layouts compact \
-  --schedules schedules --out /tmp/lib-old > "$X/build-old.log" 2>&1; el "built old $?"; tail -1 "$X/build-old.log"
-for r in old-0 new-0 new-1 old-1; do
-  lib=$([ "${r%-*}" = old ] && echo /tmp/lib-old || echo /tmp/tvmnorm-tune-fwd/lib)
-  TVMNORM_LIBRARY=$lib timeout 60 python -m tvmnorm.bench --target cuda --ops rmsnorm_fwd,layernorm_fwd \
-    --dtypes bf16 --hidden "$HIDDEN" --rows train --impls tvmnorm_tuned --out "$X/ab" --name $r --no-plots > "$X/ab-$r.log" 2>&1
-  el "$r $?"
-done
-grep -h "^ *[0-9]\|^[a-z]" "$X/ab-old-0.log" "$X/ab-new-0.log" | head -60
+bash bench/lease_ab.sh  # (inline here when it ran; the same steps)
