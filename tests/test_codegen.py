@@ -1046,7 +1046,6 @@ def test_default_fwd_builds_for_narrow_and_odd_rows(norm, otype, hidden):
     """The default forward compiles at every narrow or odd width (keeping the row with idle
     threads failed to build for layernorm at hidden 1), and so does every kept variant of the
     space there."""
-    from tvmnorm.sched.rows import CudaRowConfig
     from tvmnorm.sched.space import fwd_kept_variants
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     assert "fwd_kernel" in cuda_source(key)

@@ -982,8 +982,8 @@ def test_fused_variants_add_warp_multiples_that_split_the_row_evenly():
     # the forward keeps them for its warp_sums variants (which need an even split) alone
     kept = fwd_kept_variants(NormKey(hidden_size=7168))
     assert all(v.threads & (v.threads - 1) == 0 for v in kept if not v.warp_sums)
-    assert {(v.threads, v.vec) for v in kept if v.warp_sums} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4), (256, 4),
-                                                         (448, 4), (896, 4)}
+    assert {(v.threads, v.vec) for v in kept if v.warp_sums} == {(128, 8), (224, 8), (448, 8), (896, 8), (224, 4),
+                                                                 (256, 4), (448, 4), (896, 4)}
     # each of rows with barriers (64 threads or more) again with its weights loaded before them
     assert {v[:4] for v in kept if v.early_weights} == {v[:4] for v in kept if v.threads >= 64}
     assert all(not v.early_weights for v in fwd_kept_variants(NormKey(hidden_size=128)))

@@ -361,8 +361,9 @@ EARLY_WEIGHTS_THREADS = 64
 FWD_KEPT_VECTORS = 8
 # Warps a row from which a warp_sums variant also comes adding its warps' sums by shuffles
 # (shuffle_sums). On an H100 (bench/results/h100-run64/) the small-call kernel took it 0.17 us a
-# call faster at 28-32 warps, mixed at 16-20 and slower below 16; at 16384 tokens nobody
-# measured it, so the search is offered it from 16 warps, the lowest where it ever won.
+# call faster at 28-32 warps, mixed at 16-20 and slower below 16; so the search is offered it
+# from 16 warps, the lowest where it ever won. At 16384 tokens no record has taken it: the bf16
+# forward at 4096-8192 retuned with it on the H200 (bench/results/h200-run67/, 48 trials).
 SHUFFLE_SUMS_WARPS = 16
 
 
