@@ -86,8 +86,9 @@ def test_list_without_library_fails_clearly(tmp_path):
 
 def test_list_records_reads_a_gpus_records_without_the_gpu_or_a_library(tmp_path, capsys, monkeypatch):
     """`tvmnorm list --records`: a line a record of schedules/<target-arch>.json, with its trials,
-    rows, T, the search's time and whether it is the default rule's schedule, on a machine with
-    neither that GPU nor a built library; --arch and --schedules pick the file."""
+    rows, T, the search's time, whether it is the default rule's schedule and why (the tuned
+    record's loss in its library), and the A/B that adopted it, on a machine with neither that
+    GPU nor a built library; --arch and --schedules pick the file."""
     from tvmnorm.cli import main
     from tvmnorm.tune import read_records, save_records, schedules_path
     monkeypatch.setenv("TVMNORM_CUDA_ARCH", "sm_90")  # --arch sets it; undone after the test
@@ -96,18 +97,26 @@ def test_list_records_reads_a_gpus_records_without_the_gpu_or_a_library(tmp_path
     header, *lines = capsys.readouterr().out.splitlines()
     assert header.endswith(f"cuda-sm_90.json: {len(committed)} records")
     assert [int(ln.split()[0], 16) for ln in lines] == sorted(committed)
-    # one tuned backward record and one the default rule's schedule, listed from another folder
-    bwd = next(k for k, r in committed.items() if r.get("rows_per_partial") and r.get("run_us"))
-    won = next(k for k, r in committed.items() if r.get("default_won"))
-    save_records("cuda", {k: committed[k] for k in (bwd, won)}, tmp_path)
+    # one tuned backward record, one the default rule's schedule since its tuned one lost in the
+    # library, and one adopted on an A/B, listed from another folder
+    bwd = next(k for k, r in committed.items() if r.get("rows_per_partial") and r.get("run_us")
+               and not r.get("accepted_ab"))
+    won = next(k for k, r in committed.items() if r.get("default_won") and r.get("lost_in_library"))
+    ab = next(k for k, r in committed.items() if r.get("accepted_ab"))
+    save_records("cuda", {k: committed[k] for k in (bwd, won, ab)}, tmp_path)
     main(["list", "--records", "--target", "cuda", "--arch", "sm_90", "--schedules", str(tmp_path)])
-    _, first, second = capsys.readouterr().out.splitlines()
-    listed = {int(ln.split()[0], 16): ln for ln in (first, second)}
+    _, *shown = capsys.readouterr().out.splitlines()
+    listed = {int(ln.split()[0], 16): ln for ln in shown}
+    assert sorted(listed) == sorted((bwd, won, ab))
+    why, test = committed[won]["lost_in_library"], committed[ab]["accepted_ab"]
+    assert listed[won].endswith(f": the default rule's schedule; the tuned one was {why}]")
+    assert listed[ab].endswith(f"; adopted on an A/B on the {test['device']}: {min(test['old_us']):.1f} -> "
+                               f"{min(test['new_us']):.1f} us]")
     rec = committed[bwd]
     assert NormKey.unpack(bwd).describe() in listed[bwd]
     assert (f"[{rec['trials']} trials at {rec['rows']} rows, T={rec['rows_per_partial']}, "
             f"dx {rec['run_us']['dx']:.1f} us]") in listed[bwd]
-    assert listed[won].endswith(": the default rule's schedule]") and "default rule" not in listed[bwd]
+    assert "default rule" not in listed[bwd] and "adopted" not in listed[bwd]
     with pytest.raises(SystemExit, match="no records in .*cuda-sm_80.json"):
         main(["list", "--records", "--target", "cuda", "--arch", "sm_80", "--schedules", str(tmp_path)])
     assert "building" not in capsys.readouterr().err  # build's word on an empty --schedules is build's

@@ -227,8 +227,14 @@ def list_records(args) -> None:
         # the default in its library, and took the default's schedule, keeps none)
         timed = "".join(f", {part} {us:.1f} us" for part, us in sorted(rec.get("run_us", {}).items()))
         won = ": the default rule's schedule" if rec.get("default_won") else ""
+        # why a tuned record gave way to the default's, and the same-machine A/B that let a record
+        # in on another GPU than the one it was timed on (bench/results/h200-run51/ab_accept.py)
+        lost = f"; the tuned one was {rec['lost_in_library']}" if rec.get("lost_in_library") else ""
+        ab = rec.get("accepted_ab")
+        adopted = (f"; adopted on an A/B on the {ab['device']}: {min(ab['old_us']):.1f} -> {min(ab['new_us']):.1f} us"
+                   if ab else "")
         print(f"{packed:#014x}  {k.norm:9s} {k.stage:7s} {k.describe()}{zc}  "
-              f"[{rec.get('trials', 0)} trials at {rec.get('rows')} rows{chunk}{timed}{won}]")
+              f"[{rec.get('trials', 0)} trials at {rec.get('rows')} rows{chunk}{timed}{won}{lost}{adopted}]")
 
 
 def cmd_list(args):
