@@ -8,7 +8,8 @@
 #                           and the fp16 fwd_add/bwd_add and bf16 fp8 fwd_add (h200-next/l68.sh;
 #                           lease 67's benchmark compiled them on the device and ran out of time)
 #   .device/proof/lib.txz   the committed records' library (bench/h200_proof.sh pack, ~3.5 min)
-#   .device/next/           h100rec.txz (the 93 H100-adopted records, ~2.5 min) and the lease scripts
+#   .device/next/           h100rec.txz (the 93 H100-adopted records, ~2.5 min), the lease scripts
+#                           and old/ (the records l54.sh's verify.sh compares lease 51's against)
 # About 12 minutes in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,8 @@ XZ_OPT="-9 -T0" tar cJf .device/tc.txz -C .device tc2
 bash bench/h200_proof.sh pack
 mkdir -p .device/next
 bash bench/results/h200-run67/l66.sh pack
-cp bench/results/h200-next/*.sh .device/next/
+cp bench/results/h200-next/*.sh bench/results/h200-run51/verify.sh .device/next/
+# l54.sh's verify.sh: lease 51's five backward records against the records before them
+mkdir -p .device/next/old && git show 80ebf40:schedules/cuda-sm_90.json > .device/next/old/cuda-sm_90.json
 python -c "from tvmnorm.build import source_hash; print(source_hash())" | tee .device/packed-source-hash.txt
 ls -la .device/tc.txz .device/proof/lib.txz .device/next/
