@@ -12,7 +12,7 @@ from .._tvm import Schedule
 from ..compute.norms import ROWS_PER_PARTIAL_ATTR
 from .rows import (ROW_OPERANDS, CpuRowConfig, CudaRowConfig, is_fused, schedule_rows_cpu, schedule_rows_cuda,
                    thread_vectors, warp_sums_problem)
-from .space import EARLY_WEIGHTS_THREADS, fused_register_limit, fused_registers, staged_fits
+from .space import EARLY_WEIGHTS_THREADS, fused_register_limit, fused_registers, shuffles_warp_sums, staged_fits
 
 ROW_PARTS = ("fwd", "dx")
 
@@ -94,7 +94,7 @@ def small_call_shuffles(threads: int, warp_sums: bool, shuffle_warps: int = SMAL
     """Whether a small-call block of ``threads`` adds its warps' sums by shuffles
     (rows.CudaRowConfig.shuffle_sums): with one barrier a row sum, from ``shuffle_warps`` warps
     up (small_call_cuda_heuristic says why)."""
-    return warp_sums and threads >= 32 * shuffle_warps
+    return shuffles_warp_sums(threads, warp_sums, shuffle_warps)
 
 
 def small_call_cuda_heuristic(hidden: int, elem_bytes: int, thread_bytes: int = SMALL_CALL_THREAD_BYTES,

@@ -367,6 +367,13 @@ FWD_KEPT_VECTORS = 8
 SHUFFLE_SUMS_WARPS = 16
 
 
+def shuffles_warp_sums(threads: int, warp_sums: bool, warps: int = SHUFFLE_SUMS_WARPS) -> bool:
+    """Whether a row of ``threads`` with one barrier a row sum (warp_sums) has at least
+    ``warps`` warps, from which its warps' sums may be added by shuffles (shuffle_sums): the tuned
+    space's bound here, the small-call rule's its own (sched.default.small_call_shuffles)."""
+    return warp_sums and threads >= 32 * warps
+
+
 class KeptVariant(NamedTuple):
     """One structural variant of the forward that keeps its row of x in registers
     (fwd_kept_variants): the knobs that decide its register and thread layout, so not sampled."""
@@ -438,7 +445,7 @@ def fwd_kept_variants(key: NormKey) -> list:
             out += [KeptVariant(threads, vec, keep_y, ws, early, shfl) for ws in sums
                     for keep_y in ((False, True) if key.fp8_out else (False,))
                     for early in ((False, True) if threads >= EARLY_WEIGHTS_THREADS else (False,))
-                    for shfl in ((False, True) if ws and threads >= 32 * SHUFFLE_SUMS_WARPS else (False,))]
+                    for shfl in ((False, True) if shuffles_warp_sums(threads, ws) else (False,))]
     return out
 
 
