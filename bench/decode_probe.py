@@ -74,8 +74,9 @@ def around_served(key: NormKey) -> dict:
     out = {"served": served}
     if not served.keep_row:
         return out
-    for threads, vec, _, ws, ew, _ in fwd_kept_variants(key):
-        if served.threads // 2 <= threads <= 2 * served.threads:
+    for threads, vec, _, ws, ew, shfl in fwd_kept_variants(key):
+        # the rule decides the shuffles (small_call_shuffles): the space's twin with them is the same point
+        if not shfl and served.threads // 2 <= threads <= 2 * served.threads:
             cfg = dataclasses.replace(served, threads=threads, rows=1, vec=vec, early_weights=ew, warp_sums=ws,
                                       shuffle_sums=small_call_shuffles(threads, ws))
             if cfg != served:
