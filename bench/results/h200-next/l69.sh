@@ -43,17 +43,14 @@ for r in base-0 fold-0 fold-1 base-1; do
   el "$r rc $?"
 done
 python - "$X/ab" <<'PY'
-import json, pathlib, sys
-d = pathlib.Path(sys.argv[1])
-us = {}
-for f in d.glob("*.json"):
-    for r in json.loads(f.read_text()).get("records", []):
-        if r.get("impl") == "tvmnorm_tuned" and r.get("us"):
-            us.setdefault((r["op"], r["hidden"]), {})[f.stem] = r["us"]
-for k in sorted(us):
-    v = us[k]
-    base, fold = [v.get(f"base-{i}") for i in (0, 1)], [v.get(f"fold-{i}") for i in (0, 1)]
-    ok = all(base) and all(fold)
-    print(k[0], k[1], "base", base, "fold", fold, "fold/base %.3f" % (max(fold) / min(base)) if ok else "incomplete",
-          "fold wins both pairs" if ok and max(fold) < min(base) else "")
+import sys
+sys.path.insert(0, "scripts")
+from knob_ab import tuned_us  # packed key -> tvmnorm_tuned us of the cases whose check passed
+from tvmnorm import NormKey
+d = sys.argv[1]
+base, fold = ([tuned_us(f"{d}/{v}-{i}.json") for i in (0, 1)] for v in ("base", "fold"))
+for packed in sorted(set.intersection(*map(set, base + fold))):
+    key, b, f = NormKey.unpack(packed), [run[packed] for run in base], [run[packed] for run in fold]
+    print(f"{key.norm:9s} {key.hidden_size:5d} base {b[0]:8.2f} {b[1]:8.2f}  fold {f[0]:8.2f} {f[1]:8.2f}"
+          f"  fold/base {max(f) / min(b):.3f}{'  fold wins both pairs' if max(f) < min(b) else ''}")
 PY
