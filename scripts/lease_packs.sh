@@ -23,7 +23,7 @@ XZ_OPT="-9 -T0" tar cJf .device/tc.txz -C .device tc2
 bash bench/h200_proof.sh pack
 mkdir -p .device/next
 bash bench/results/h200-run67/l66.sh pack
-cp bench/results/h200-next/*.sh bench/results/h200-next/dx_fold.patch bench/results/h200-run51/verify.sh .device/next/
+cp bench/results/h200-next/*.sh bench/results/h200-run51/verify.sh .device/next/
 # l54.sh's verify.sh: lease 51's five backward records against the records before them
 mkdir -p .device/next/old && git show 80ebf40:schedules/cuda-sm_90.json > .device/next/old/cuda-sm_90.json
 python -c "from tvmnorm.build import source_hash; print(source_hash())" | tee .device/packed-source-hash.txt

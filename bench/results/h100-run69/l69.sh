@@ -10,7 +10,7 @@
 # if fold wins in both pairs: apply the patch to tvmnorm/compute/norms.py, rebuild the packs
 # (scripts/lease_packs.sh), and retune or re-time the backward records on an H200.
 #   PHASE=build bash .device/next/l69.sh; then PHASE=bench bash .device/next/l69.sh   # on the device
-#   DRY=1 TARGET=llvm HIDDEN=1024 OUT=/tmp/o bash bench/results/h200-next/l69.sh   # the flow, on a CPU
+#   DRY=1 TARGET=llvm HIDDEN=1024 OUT=/tmp/o bash bench/results/h100-run69/l69.sh   # the flow, on a CPU
 if [ -z "${DRY:-}" ]; then
   source bench/lease_env.sh || exit 1
   SITE=/opt/tvmnorm-dev/site
