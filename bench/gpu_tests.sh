@@ -15,7 +15,10 @@
 # status: 0 only if every shard passed. SLICE=i/n runs only the i-th of n interleaved parts of the
 # ids (i from 0; the multi-GPU tests go with part 0): on one H200 the whole suite's 15 shards took
 # 456-511 s in the twenty-first lease, at the edge of a 600 s call, so two calls run SLICE=0/2
-# and SLICE=1/2.
+# and SLICE=1/2. The suite has since grown to ~1570 GPU tests, about 10 s each a shard on an H100
+# (lease 68): a quarter (SLICE=i/4) in 15 shards needs ~270 s. A shard stopped by TEST_SECONDS is
+# counted from its progress characters. PACK=1 packs $OUT/gpu-tests into $OUT/gpu-tests.tgz (a
+# device call returns at most 8 files; lease 69's 40 shard files did not come back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -59,8 +62,21 @@ for f in sorted(d.glob("shard-*.txt")):
     final = [l for l in text.splitlines()
              if re.search(r"\b\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s", l)]
     if not final:
-        why = "ran no tests" if "no tests ran" in text else "no summary line (stopped by TEST_SECONDS or crashed)"
+        # pytest -q prints a character a finished test ("....F.s  [ 12%]") as it goes, so a shard
+        # stopped by TEST_SECONDS still says how far it got and whether anything failed there
+        marks = "".join(m for l in text.splitlines()
+                        for m in [re.fullmatch(r"([.FEsxX]+)\s*(\[\s*\d+%\])?", l.strip())] if m
+                        for m in [m.group(1)])
+        shard_ids = d / f.name.replace("shard-", "ids-")
+        of = len(shard_ids.read_text().split()) if shard_ids.exists() else "?"
+        why = ("ran no tests" if "no tests ran" in text else
+               f"no summary line (stopped by TEST_SECONDS or crashed) after {len(marks)} of {of} tests: "
+               f"{marks.count('.')} passed, {marks.count('F')} failed, {marks.count('E')} errors, "
+               f"{marks.count('s')} skipped")
         unfinished.append(f"{f.name}: {why}")
+        for ch, what in ((".", "passed"), ("F", "failed"), ("E", "error"), ("s", "skipped")):
+            if marks.count(ch):
+                counts[what] = counts.get(what, 0) + marks.count(ch)
     for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", final[-1] if final else ""):
         counts[what.rstrip("s") if what.startswith("error") else what] = counts.get(what, 0) + int(n)
     failures += [l for l in text.splitlines() if l.startswith(("FAILED ", "ERROR "))]
@@ -70,6 +86,13 @@ for line in unfinished:
 if not counts.get("passed"):
     print("no test passed: on a GPU machine, read a shard's skip reasons (-rs)")
 print("\n".join(failures))
-sys.exit(1 if failures or unfinished or not counts.get("passed")
+sys.exit(1 if failures or unfinished or counts.get("failed") or counts.get("error") or not counts.get("passed")
          or counts.get("passed", 0) + counts.get("skipped", 0) < total else 0)
 PY
+rc=${PIPESTATUS[0]}
+# A device call returns at most 8 files: PACK=1 leaves one archive and the summary beside it
+if [ -n "${PACK:-}" ]; then
+  cp "$D/summary.txt" "$OUT/gpu-tests-summary.txt"
+  tar czf "$OUT/gpu-tests.tgz" -C "$OUT" gpu-tests && rm -rf "$D"
+fi
+exit "$rc"
