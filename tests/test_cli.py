@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -149,7 +150,12 @@ def test_list_records_of_llvm_imports_tvm_once_a_cpu(tmp_path):
     later run lists the same file without importing TVM (~4 s); a kept name that is not one is
     asked again and replaced; an unwritable cache costs only the import."""
     from tvmnorm._tvm import llvm_system_cpu
-    code = ("import sys; from tvmnorm.cli import main; main(['list', '--records', '--target', 'llvm']); "
+    # records filed under this machine's CPU, whatever it is (the committed ones are a Zen 5's)
+    schedules = tmp_path / "schedules"
+    schedules.mkdir()
+    shutil.copy(pathlib.Path(__file__).parent.parent / "schedules" / "llvm-znver5.json", schedules / f"llvm-{llvm_system_cpu()}.json")
+    code = ("import sys; from tvmnorm.cli import main; "
+            f"main(['list', '--records', '--target', 'llvm', '--schedules', {str(schedules)!r}]); "
             "print('imported tvm' if 'tvm' in sys.modules else 'no tvm')")
 
     def listing(cache):
@@ -158,12 +164,13 @@ def test_list_records_of_llvm_imports_tvm_once_a_cpu(tmp_path):
         header, *_, last = out.splitlines()
         assert re.search(rf"/schedules/llvm-{re.escape(llvm_system_cpu())}\.json: \d+ records$", header), header
         return last
-    assert listing(tmp_path) == "imported tvm"
-    (kept,) = (tmp_path / "host-cpu").iterdir()
+    cache = tmp_path / "cache"
+    assert listing(cache) == "imported tvm"
+    (kept,) = (cache / "host-cpu").iterdir()
     assert kept.read_text().strip() == llvm_system_cpu()
-    assert listing(tmp_path) == "no tvm"
+    assert listing(cache) == "no tvm"
     kept.write_text("not a cpu name\n")
-    assert listing(tmp_path) == "imported tvm" and kept.read_text().strip() == llvm_system_cpu()
+    assert listing(cache) == "imported tvm" and kept.read_text().strip() == llvm_system_cpu()
     unwritable = tmp_path / "file"
     unwritable.write_text("")
     assert listing(unwritable) == "imported tvm"  # TVMNORM_CACHE a file: nothing kept, nothing lost
