@@ -317,8 +317,8 @@ def assert_close(what: str, got, want, allowed, context: str = ""):
             ratio = np.where(np.isnan(err), np.inf, err / np.maximum(bound, 1e-300))
             j = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
             if worst is None or ratio[j] > worst[0]:
-                i = (s.start + j[0],) + j[1:] if s is not Ellipsis else j
-                worst = (ratio[j], i, got[s][j], want[s][j], err[j], bound[j])
+                i = tuple(int(v) for v in ((s.start + j[0],) + j[1:] if s is not Ellipsis else j))
+                worst = (ratio[j], i, float(got[s][j]), float(want[s][j]), err[j], bound[j])
     if bad_count:
         _, i, g, w, e, b = worst
         raise AssertionError(

@@ -325,3 +325,56 @@ def test_fp8_cast_is_exact(kernels, otype, rng, seed):
         assert bad.size == 0, (f"{otype} seed={seed}: {bad.size} values cast wrong, e.g. "
                                f"{part[bad[:4]].tolist()} -> {got[0][bad[:4]].tolist()}, want {want[bad[:4]].tolist()}")
         assert np.array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize("zc", (False, True))
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_reference_in_row_steps_matches_autograd(norm, zc, rng):
+    """tvmnorm.reference walks the rows ROW_STEP at a time (and sums dgamma/dbeta step by step):
+    against torch's float64 autograd of the whole call, at a row count that leaves a last step
+    part full, with bwd_add's dz."""
+    from tvmnorm import reference as ref
+    rows, H, eps = 2 * ref.ROW_STEP + 5, 96, ref.DEFAULT_EPS[norm]
+    x = torch.from_numpy(rng.normal(1.0, 2.0, (rows, H))).requires_grad_()
+    g = torch.from_numpy(rng.normal(0.0 if zc else 1.0, 0.5, H)).requires_grad_()
+    b = torch.from_numpy(rng.normal(0.0, 0.5, H)).requires_grad_()
+    dy, dz = rng.standard_normal((rows, H)), rng.standard_normal((rows, H))
+    w = g + 1.0 if zc else g
+    if norm == "layernorm":
+        y = torch.nn.functional.layer_norm(x, (H,), w, b, eps)
+    else:
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    y.backward(torch.from_numpy(dy))
+    fw = ref.fwd(norm, x.detach().numpy(), g.detach().numpy(), b.detach().numpy() if norm == "layernorm" else None,
+                 zero_centered_gamma=zc)
+    np.testing.assert_allclose(fw["y"], y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    st = ref.stats(norm, x.detach().numpy())
+    np.testing.assert_array_equal(st["rsigma"], fw["rsigma"])
+    bw = ref.bwd(norm, dy, x.detach().numpy(), st["rsigma"], g.detach().numpy(), mu=st.get("mu"), dz=dz,
+                 zero_centered_gamma=zc)
+    np.testing.assert_allclose(bw["dx"], x.grad.numpy() + dz, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(bw["dgamma"], g.grad.numpy(), rtol=1e-10, atol=1e-10)
+    if norm == "layernorm":
+        np.testing.assert_allclose(bw["dbeta"], b.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_row_stepped_check_names_every_bad_element_and_the_worst_row():
+    """conftest.assert_close walks a 2-D check ROW_STEP rows at a time: a failure still counts
+    the bad elements of every step, names the worst by its row in the whole array and counts
+    the NaNs; a bound given per row slice is applied to those rows only."""
+    from conftest import assert_close
+    from tvmnorm.reference import ROW_STEP
+    rows, H = 3 * ROW_STEP + 1, 8
+    want = np.zeros((rows, H))
+    got = want.copy()
+    got[5, 1], got[ROW_STEP + 2, 3], got[3 * ROW_STEP, 7] = 0.5, 2.0, np.nan
+    with pytest.raises(AssertionError, match=rf"3/{rows * H} elements .* worst at \({3 * ROW_STEP}, 7\).*NaNs in output: 1"):
+        assert_close("t", got, want, 0.1)
+    got[3 * ROW_STEP, 7] = 0.0
+    with pytest.raises(AssertionError, match=rf"2/{rows * H} elements .* worst at \({ROW_STEP + 2}, 3\)"):
+        assert_close("t", got, want, lambda s: np.full((s.stop - s.start, H), 0.1))
+    bound = np.full((rows, H), 0.1)
+    bound[ROW_STEP + 2] = 3.0
+    with pytest.raises(AssertionError, match=rf"1/{rows * H} elements .* worst at \(5, 1\)"):
+        assert_close("t", got, want, lambda s: bound[s])
+    assert_close("t", got, want, 2.5)
