@@ -153,7 +153,8 @@ def test_list_records_of_llvm_imports_tvm_once_a_cpu(tmp_path):
     # records filed under this machine's CPU, whatever it is (the committed ones are a Zen 5's)
     schedules = tmp_path / "schedules"
     schedules.mkdir()
-    shutil.copy(pathlib.Path(__file__).parent.parent / "schedules" / "llvm-znver5.json", schedules / f"llvm-{llvm_system_cpu()}.json")
+    committed = pathlib.Path(__file__).parent.parent / "schedules" / "llvm-znver5.json"
+    shutil.copy(committed, schedules / f"llvm-{llvm_system_cpu()}.json")
     code = ("import sys; from tvmnorm.cli import main; "
             f"main(['list', '--records', '--target', 'llvm', '--schedules', {str(schedules)!r}]); "
             "print('imported tvm' if 'tvm' in sys.modules else 'no tvm')")

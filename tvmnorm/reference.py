@@ -54,7 +54,8 @@ def _gamma(gamma, zero_centered_gamma: bool) -> np.ndarray:
 # Rows a step. The arithmetic is row by row, and float64 temporaries of a whole call (16384 x
 # 7168: 940 MB each, a dozen of them for the backward) cost far more in page faults than in
 # arithmetic: the layernorm backward of 8192 x 7168 took 12 s at once and 0.8 s in steps of 64
-# rows on the 2-core CI box, and the GPU tests' host time is mostly this reference.
+# rows on the 2-core CI box. The GPU tests check every kernel against it on the host (an H100
+# lease's shards took ~14 s a test, some of them at 16384 x 7168).
 ROW_STEP = 64
 
 
