@@ -64,19 +64,19 @@ for f in sorted(d.glob("shard-*.txt")):
     if not final:
         # pytest -q prints a character a finished test ("....F.s  [ 12%]") as it goes, so a shard
         # stopped by TEST_SECONDS still says how far it got and whether anything failed there
-        marks = "".join(m for l in text.splitlines()
-                        for m in [re.fullmatch(r"([.FEsxX]+)\s*(\[\s*\d+%\])?", l.strip())] if m
-                        for m in [m.group(1)])
+        marks = "".join(m.group(1) for m in (re.fullmatch(r"([.FEsxX]+)\s*(\[\s*\d+%\])?", l.strip())
+                                             for l in text.splitlines()) if m)
+        tally = {what: marks.count(ch) for ch, what in ((".", "passed"), ("F", "failed"),
+                                                                 ("E", "error"), ("s", "skipped"))}
         shard_ids = d / f.name.replace("shard-", "ids-")
         of = len(shard_ids.read_text().split()) if shard_ids.exists() else "?"
         why = ("ran no tests" if "no tests ran" in text else
                f"no summary line (stopped by TEST_SECONDS or crashed) after {len(marks)} of {of} tests: "
-               f"{marks.count('.')} passed, {marks.count('F')} failed, {marks.count('E')} errors, "
-               f"{marks.count('s')} skipped")
+               + ", ".join(f"{n} {what}" for what, n in tally.items()))
         unfinished.append(f"{f.name}: {why}")
-        for ch, what in ((".", "passed"), ("F", "failed"), ("E", "error"), ("s", "skipped")):
-            if marks.count(ch):
-                counts[what] = counts.get(what, 0) + marks.count(ch)
+        for what, n in tally.items():
+            if n:
+                counts[what] = counts.get(what, 0) + n
     for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", final[-1] if final else ""):
         counts[what.rstrip("s") if what.startswith("error") else what] = counts.get(what, 0) + int(n)
     failures += [l for l in text.splitlines() if l.startswith(("FAILED ", "ERROR "))]
