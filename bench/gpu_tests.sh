@@ -18,7 +18,8 @@
 # and SLICE=1/2. The suite has since grown to ~1570 GPU tests, about 10 s each a shard on an H100
 # (lease 68): a quarter (SLICE=i/4) in 15 shards needs ~270 s. A shard stopped by TEST_SECONDS is
 # counted from its progress characters. PACK=1 packs $OUT/gpu-tests into $OUT/gpu-tests.tgz (a
-# device call returns at most 8 files; lease 69's 40 shard files did not come back).
+# device call returns at most 8 files; lease 69's 40 shard files did not come back). IDS=file runs
+# only the ids listed in the file; $OUT/gpu-tests/not-reached.txt lists what stopped shards left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tvmnorm-out}
@@ -32,6 +33,12 @@ python -m pytest --collect-only -q -m "($MARK) and not multigpu" -p no:cacheprov
   | grep '::' > "$D/ids.txt"
 python -m pytest --collect-only -q -m "($MARK) and multigpu" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
   | grep '::' > "$D/ids-multigpu.txt"
+if [ -n "${IDS:-}" ]; then
+  # IDS=file: only the collected ids listed there (a lease's leftovers, bench/results/*/rest-ids.txt)
+  for f in ids ids-multigpu; do
+    grep -Fxf "$IDS" "$D/$f.txt" > "$D/$f-only.txt"; mv "$D/$f-only.txt" "$D/$f.txt"
+  done
+fi
 if [ -n "${SLICE:-}" ]; then
   slice_i=${SLICE%/*} slice_n=${SLICE#*/}
   awk -v n="$slice_n" -v i="$slice_i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-slice.txt" && mv "$D/ids-slice.txt" "$D/ids.txt"
@@ -56,7 +63,7 @@ fi
 python - "$D" "$total" <<'PY' | tee "$D/summary.txt"
 import pathlib, re, sys
 d, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-counts, failures, unfinished = {}, [], []
+counts, failures, unfinished, not_reached = {}, [], [], []
 for f in sorted(d.glob("shard-*.txt")):
     text = f.read_text()
     final = [l for l in text.splitlines()
@@ -69,7 +76,9 @@ for f in sorted(d.glob("shard-*.txt")):
         tally = {what: marks.count(ch) for ch, what in ((".", "passed"), ("F", "failed"),
                                                                  ("E", "error"), ("s", "skipped"))}
         shard_ids = d / f.name.replace("shard-", "ids-")
-        of = len(shard_ids.read_text().split()) if shard_ids.exists() else "?"
+        ids = shard_ids.read_text().split() if shard_ids.exists() else []
+        of = len(ids) if shard_ids.exists() else "?"
+        not_reached += ids[len(marks):]
         why = ("ran no tests" if "no tests ran" in text else
                f"no summary line (stopped by TEST_SECONDS or crashed) after {len(marks)} of {of} tests: "
                + ", ".join(f"{n} {what}" for what, n in tally.items()))
@@ -78,11 +87,16 @@ for f in sorted(d.glob("shard-*.txt")):
             if n:
                 counts[what] = counts.get(what, 0) + n
     for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", final[-1] if final else ""):
-        counts[what.rstrip("s") if what.startswith("error") else what] = counts.get(what, 0) + int(n)
+        what = "error" if what.startswith("error") else what
+        counts[what] = counts.get(what, 0) + int(n)
     failures += [l for l in text.splitlines() if l.startswith(("FAILED ", "ERROR "))]
 print(f"{total} tests: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 for line in unfinished:
     print(line)
+if not_reached:
+    # the ids a stopped shard never reached, for a later IDS=... run
+    (d / "not-reached.txt").write_text("".join(i + "\n" for i in not_reached))
+    print(f"{len(not_reached)} ids not reached: {d / 'not-reached.txt'}")
 if not counts.get("passed"):
     print("no test passed: on a GPU machine, read a shard's skip reasons (-rs)")
 print("\n".join(failures))
