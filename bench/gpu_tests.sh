@@ -27,6 +27,9 @@ SHARDS=${SHARDS:-8}
 GPUS=${GPUS:-1}
 MARK=${MARK:-gpu}
 D=$OUT/gpu-tests
+# the shards share one default-kernel cache (tests/conftest.py), by default the one that
+# `bench/h200_proof.sh cache` unpacks the staged kernels into
+export TVMNORM_TEST_CACHE=${TVMNORM_TEST_CACHE:-/tmp/tvmnorm-cache}
 mkdir -p "$D"
 # tests marked multigpu need every GPU visible: they run in one more process, after the shards
 python -m pytest --collect-only -q -m "($MARK) and not multigpu" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
@@ -51,7 +54,7 @@ for ((i = 0; i < SHARDS; i++)); do
   awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-$i.txt"
   [ -s "$D/ids-$i.txt" ] || continue
   # shellcheck disable=SC2046 - one argument per test id (ids hold no spaces)
-  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs -p no:cacheprovider \
+  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs --durations=10 -p no:cacheprovider \
     -m "$MARK" $(cat "$D/ids-$i.txt") > "$D/shard-$i.txt" 2>&1 &
 done
 wait

@@ -87,7 +87,12 @@ def _isolated_cache(tmp_path_factory):
 
     before = snapshot()
     saved = {k: os.environ.get(k) for k in ("TVMNORM_CACHE", "TVMNORM_LIBRARY")}
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("TVMNORM_TEST_CACHE"):
+        # one cache that concurrent pytest processes share (bench/gpu_tests.sh's shards, seeded
+        # with a lease's staged default kernels): a shard compiled every kernel it met itself
+        cache = pathlib.Path(os.environ["TVMNORM_TEST_CACHE"])
+        cache.mkdir(parents=True, exist_ok=True)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
         # one cache for the run's workers (the parent of their base temps), so a default kernel
         # compiles once, not once a worker: entries are written whole under a file lock
         cache = tmp_path_factory.getbasetemp().parent / "tvmnorm-cache"
