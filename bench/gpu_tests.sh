@@ -54,7 +54,7 @@ for ((i = 0; i < SHARDS; i++)); do
   awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-$i.txt"
   [ -s "$D/ids-$i.txt" ] || continue
   # shellcheck disable=SC2046 - one argument per test id (ids hold no spaces)
-  CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs --durations=10 -p no:cacheprovider \
+  TVMNORM_TEST_TIMES=$D/times-$i.txt CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs -p no:cacheprovider \
     -m "$MARK" $(cat "$D/ids-$i.txt") > "$D/shard-$i.txt" 2>&1 &
 done
 wait

@@ -76,6 +76,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def pytest_runtest_logreport(report):
+    """With TVMNORM_TEST_TIMES=file, each test phase's seconds as it ends: what a GPU lease's
+    shard stopped by its time limit (no --durations summary) spent its time on."""
+    path = os.environ.get("TVMNORM_TEST_TIMES")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Default-kernel cache in a session tmp dir (never ~/.cache), no library from the
