@@ -7,7 +7,7 @@
 #   bash bench/h200_proof.sh pack        # here: the library (compact x, bf16 + fp16 fwd/bwd, fp8 e4m3
 #                                        # forward) built with nvcc, ~3.5 min on 2 cores, packed as
 #                                        # .device/proof/lib.txz (~6 MB); the JIT cache: scripts/device_prep.sh
-#   run 1, carry .device/a .device/tc.txz:
+#   run 1, carry .device/a .device/tc.txz (and .device/test-cache.txz where a lease brought one):
 #       bash .device/a/stage.sh && bash bench/h200_proof.sh cache
 #   run 2, carry .device/b .device/proof:    bash bench/h200_proof.sh bf16
 #   run 3, carry .device/b .device/proof:    bash bench/h200_proof.sh fp8-fp16
@@ -45,6 +45,8 @@ case "$part" in
     ;;
   cache)
     mkdir -p /tmp/tvmnorm-cache && tar xJf .device/tc.txz -C /tmp/tvmnorm-cache --strip-components=1
+    # the default kernels an earlier lease's GPU tests compiled (bench/gpu_tests.sh CACHE_BACK=1)
+    [ ! -f .device/test-cache.txz ] || tar xJf .device/test-cache.txz -C /tmp
     ls /tmp/tvmnorm-cache
     ;;
   bf16)
