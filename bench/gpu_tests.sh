@@ -63,49 +63,7 @@ if [ -s "$D/ids-multigpu.txt" ]; then
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((GPUS - 1))) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs \
     -p no:cacheprovider -m "($MARK) and multigpu" $(cat "$D/ids-multigpu.txt") > "$D/shard-multigpu.txt" 2>&1
 fi
-python - "$D" "$total" <<'PY' | tee "$D/summary.txt"
-import pathlib, re, sys
-d, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-counts, failures, unfinished, not_reached = {}, [], [], []
-for f in sorted(d.glob("shard-*.txt")):
-    text = f.read_text()
-    final = [l for l in text.splitlines()
-             if re.search(r"\b\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s", l)]
-    if not final:
-        # pytest -q prints a character a finished test ("....F.s  [ 12%]") as it goes, so a shard
-        # stopped by TEST_SECONDS still says how far it got and whether anything failed there
-        marks = "".join(m.group(1) for m in (re.fullmatch(r"([.FEsxX]+)\s*(\[\s*\d+%\])?", l.strip())
-                                             for l in text.splitlines()) if m)
-        tally = {what: marks.count(ch) for ch, what in ((".", "passed"), ("F", "failed"),
-                                                                 ("E", "error"), ("s", "skipped"))}
-        shard_ids = d / f.name.replace("shard-", "ids-")
-        ids = shard_ids.read_text().split() if shard_ids.exists() else []
-        of = len(ids) if shard_ids.exists() else "?"
-        not_reached += ids[len(marks):]
-        why = ("ran no tests" if "no tests ran" in text else
-               f"no summary line (stopped by TEST_SECONDS or crashed) after {len(marks)} of {of} tests: "
-               + ", ".join(f"{n} {what}" for what, n in tally.items()))
-        unfinished.append(f"{f.name}: {why}")
-        for what, n in tally.items():
-            if n:
-                counts[what] = counts.get(what, 0) + n
-    for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", final[-1] if final else ""):
-        what = "error" if what.startswith("error") else what
-        counts[what] = counts.get(what, 0) + int(n)
-    failures += [l for l in text.splitlines() if l.startswith(("FAILED ", "ERROR "))]
-print(f"{total} tests: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-for line in unfinished:
-    print(line)
-if not_reached:
-    # the ids a stopped shard never reached, for a later IDS=... run
-    (d / "not-reached.txt").write_text("".join(i + "\n" for i in not_reached))
-    print(f"{len(not_reached)} ids not reached: {d / 'not-reached.txt'}")
-if not counts.get("passed"):
-    print("no test passed: on a GPU machine, read a shard's skip reasons (-rs)")
-print("\n".join(failures))
-sys.exit(1 if failures or unfinished or counts.get("failed") or counts.get("error") or not counts.get("passed")
-         or counts.get("passed", 0) + counts.get("skipped", 0) < total else 0)
-PY
+python bench/gpu_test_summary.py "$D" "$total" | tee "$D/summary.txt"
 rc=${PIPESTATUS[0]}
 # CACHE_BACK=1: the shared cache comes back as $OUT/test-cache.txz, for the next lease to stage
 # (a default kernel took ~10 s of a shard's time to compile, most of a test's)

@@ -508,3 +508,29 @@ def test_profile_case_splits_a_do_bench_timeline_at_its_flushes(bench_script):
     assert got == {"calls": 3, "gap": 3.0, "kernels": 3.0, "span": 7.0}
     with pytest.raises(ValueError, match="no call's kernel after a flush"):
         flush_gaps([("fwd", 0.0, 2.0), (fill, 5.0, 80.0)], fill)
+
+
+def test_gpu_test_summary_adds_up_shards_finished_and_stopped(bench_script, tmp_path):
+    """bench/gpu_tests.sh's summary: finished shards by their final line (errors of several shards
+    add up), a shard stopped by its time limit by its progress characters, with the ids it never
+    reached written out; any failure, error or unfinished shard fails the run."""
+    summary = bench_script("gpu_test_summary")
+    (tmp_path / "shard-0.txt").write_text("..F.E\nFAILED tests/a.py::t1 - boom\nERROR tests/a.py::t2\n"
+                                          "== 1 failed, 3 passed, 1 error in 9.1s ==\n")
+    (tmp_path / "shard-1.txt").write_text("..s\n== 2 passed, 1 skipped, 2 errors in 4.0s ==\n")
+    (tmp_path / "shard-2.txt").write_text("....s.                                    [ 40%]\n..\n")
+    (tmp_path / "ids-2.txt").write_text("\n".join(f"tests/b.py::t[{i}]" for i in range(11)) + "\n")
+    text, status = summary.summarize(tmp_path, 24)
+    assert status == 1
+    assert text.splitlines()[0] == "24 tests: 3 error, 1 failed, 12 passed, 2 skipped"
+    assert "shard-2.txt: no summary line (stopped by TEST_SECONDS or crashed) after 8 of 11 tests: " \
+           "7 passed, 0 failed, 0 error, 1 skipped" in text
+    assert (tmp_path / "not-reached.txt").read_text().split() == [f"tests/b.py::t[{i}]" for i in (8, 9, 10)]
+    assert "FAILED tests/a.py::t1 - boom" in text and "ERROR tests/a.py::t2" in text
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "shard-0.txt").write_text("...s\n== 3 passed, 1 skipped in 2.0s ==\n")
+    assert summary.summarize(clean, 4) == ("4 tests: 3 passed, 1 skipped", 0)
+    assert summary.summarize(clean, 5)[1] == 1  # a test that no shard ran
+    assert not (clean / "not-reached.txt").exists()
