@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU tests in SHARDS pytest processes spread over GPUS GPUs. A GPU test spends most of its
-# time in the float64 reference on the host (numpy, one core): one pytest process needed about
-# 15 minutes for the 492 GPU tests on an H200 lease, so the tests are cut into shards that run at
-# once (they check numbers, not speed: GPUs may be shared).
+# time on the host, one core: compiling the default kernels it calls (~9 s a backward key's set,
+# most of it nvcc; session 64) and the float64 reference. One pytest process needed about 15
+# minutes for the 492 GPU tests on an H200 lease, so the tests are cut into shards that run at
+# once (they check numbers, not speed: GPUs may be shared) and share one kernel cache.
 #
 #   source .device/b/activate.sh && SHARDS=12 GPUS=2 OUT=$OUT bash bench/gpu_tests.sh
 #   SHARDS=4 GPUS=1 MARK="gpu" bash bench/gpu_tests.sh tests/test_gpu_core.py -k edges
@@ -15,8 +16,9 @@
 # status: 0 only if every shard passed. SLICE=i/n runs only the i-th of n interleaved parts of the
 # ids (i from 0; the multi-GPU tests go with part 0): on one H200 the whole suite's 15 shards took
 # 456-511 s in the twenty-first lease, at the edge of a 600 s call, so two calls run SLICE=0/2
-# and SLICE=1/2. The suite has since grown to ~1570 GPU tests, about 10 s each a shard on an H100
-# (lease 68): a quarter (SLICE=i/4) in 15 shards needs ~270 s. A shard stopped by TEST_SECONDS is
+# and SLICE=1/2. The suite has since grown to ~1570 GPU tests, ~14 s each a shard on an H100
+# (leases 70, 71, before the shards shared a cache): a quarter (SLICE=i/4) in 15 shards of 300 s
+# reached 311-331 of its 392. A shard stopped by TEST_SECONDS is
 # counted from its progress characters. PACK=1 packs $OUT/gpu-tests into $OUT/gpu-tests.tgz (a
 # device call returns at most 8 files; lease 69's 40 shard files did not come back). IDS=file runs
 # only the ids listed in the file; $OUT/gpu-tests/not-reached.txt lists what stopped shards left.
