@@ -8,7 +8,9 @@
 #   source .device/b/activate.sh && SHARDS=12 GPUS=2 OUT=$OUT bash bench/gpu_tests.sh
 #   SHARDS=4 GPUS=1 MARK="gpu" bash bench/gpu_tests.sh tests/test_gpu_core.py -k edges
 #
-# Test ids go round-robin to the shards (neighbouring parametrisations have similar cost); a
+# bench/gpu_shards.py deals the ids by their logged seconds (bench/gpu_test_times.tsv: after a
+# lease, `python bench/gpu_shards.py merge <the archive's gpu-tests/times-*.txt>`), the tests
+# that share a library fixture together, so each shard builds a library at most once; a
 # shard sees one GPU, so the tests marked multigpu run afterwards in one process that sees all
 # GPUS (on the fourth lease the two-device test was skipped in its shard). Each
 # shard writes $OUT/gpu-tests/shard-<i>.txt; the summary ($OUT/gpu-tests/summary.txt) adds up
@@ -34,8 +36,8 @@ D=$OUT/gpu-tests
 export TVMNORM_TEST_CACHE=${TVMNORM_TEST_CACHE:-/tmp/tvmnorm-cache}
 mkdir -p "$D"
 # tests marked multigpu need every GPU visible: they run in one more process, after the shards
-python -m pytest --collect-only -q -m "($MARK) and not multigpu" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
-  | grep '::' > "$D/ids.txt"
+TVMNORM_LIBRARY_GROUPS=$D/groups.txt python -m pytest --collect-only -q -m "($MARK) and not multigpu" \
+  -p no:cacheprovider "${@:-tests}" 2>/dev/null | grep '::' > "$D/ids.txt"
 python -m pytest --collect-only -q -m "($MARK) and multigpu" -p no:cacheprovider "${@:-tests}" 2>/dev/null \
   | grep '::' > "$D/ids-multigpu.txt"
 if [ -n "${IDS:-}" ]; then
@@ -52,8 +54,8 @@ fi
 total=$(($(wc -l < "$D/ids.txt") + $(wc -l < "$D/ids-multigpu.txt")))
 echo "$total tests in $SHARDS shards on $GPUS GPU(s), $(wc -l < "$D/ids-multigpu.txt") of them on all GPUs at once"
 set -f  # test ids hold brackets: never glob them against file names
+python bench/gpu_shards.py deal --ids "$D/ids.txt" --groups "$D/groups.txt" --shards "$SHARDS" --out "$D" || exit 1
 for ((i = 0; i < SHARDS; i++)); do
-  awk -v n="$SHARDS" -v i="$i" '(NR - 1) % n == i' "$D/ids.txt" > "$D/ids-$i.txt"
   [ -s "$D/ids-$i.txt" ] || continue
   # shellcheck disable=SC2046 - one argument per test id (ids hold no spaces)
   TVMNORM_TEST_TIMES=$D/times-$i.txt CUDA_VISIBLE_DEVICES=$((i % GPUS)) timeout "${TEST_SECONDS:-540}" python -m pytest -q -rfEs -p no:cacheprovider \

@@ -5,12 +5,14 @@
 # this after the last edit there and check .device/packed-source-hash.txt before the calls.
 #   .device/tc.txz          the default kernels the calls time beside the records (~2 min a stage
 #                           set on 2 cores): the bf16 and fp8 forward (the proof's decode parts)
-#                           and the fp16 fwd_add/bwd_add and bf16 fp8 fwd_add (h200-next/l68.sh;
-#                           lease 67's benchmark compiled them on the device and ran out of time)
+#                           and the fp16 fwd_add/bwd_add and bf16 fp8 fwd_add (h200-run72/l68.sh
+#                           timed records beside them; lease 67's benchmark, compiling them on
+#                           the device, had run out of time)
 #   .device/proof/lib.txz   the committed records' library (bench/h200_proof.sh pack, ~3.5 min)
-#   .device/next/           h100rec.txz (the 93 H100-adopted records, ~2.5 min), the lease scripts
-#                           and old/ (the records l54.sh's verify.sh compares lease 51's against)
-# About 12 minutes in all.
+#   .device/next/           the lease scripts of bench/results/h200-next/
+# About 10 minutes in all. A lease's GPU tests come back with the default kernels they compiled
+# (bench/gpu_tests.sh CACHE_BACK=1): kept as .device/test-cache.txz, staged with .device/a while
+# the source hash stands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d .device/a ] && [ -d .device/b ] || bash ../shared/device/pack.sh
@@ -22,9 +24,6 @@ rm -rf .device/tc2
 XZ_OPT="-9 -T0" tar cJf .device/tc.txz -C .device tc2
 bash bench/h200_proof.sh pack
 mkdir -p .device/next
-bash bench/results/h200-run67/l66.sh pack
-cp bench/results/h200-next/*.sh bench/results/h200-run51/verify.sh .device/next/
-# l54.sh's verify.sh: lease 51's five backward records against the records before them
-mkdir -p .device/next/old && git show 80ebf40:schedules/cuda-sm_90.json > .device/next/old/cuda-sm_90.json
+cp bench/results/h200-next/*.sh .device/next/
 python -c "from tvmnorm.build import source_hash; print(source_hash())" | tee .device/packed-source-hash.txt
 ls -la .device/tc.txz .device/proof/lib.txz .device/next/

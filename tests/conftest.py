@@ -76,6 +76,40 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def library_fixture(**kwargs):
+    """A module fixture that builds a library (nvcc: up to four minutes of one core on a GPU
+    lease's host). bench/gpu_tests.sh deals the tests that share one to as few shards as their
+    time allows (bench/gpu_shards.py), so it is built once a shard that has them: dealt
+    round-robin, lease 72's 15 shards each built the same x-layout library, 3215 of the 5466
+    shard-seconds its 260 tests took."""
+    def wrap(fn):
+        fn.tvmnorm_builds_library = True
+        return pytest.fixture(scope="module", **kwargs)(fn)
+    return wrap
+
+
+def library_groups(item) -> list[str]:
+    """The library fixtures (library_fixture) an item uses, each with its parameter where it has
+    one ("pdl_library[jit]"): the tests that share one share its build within a process."""
+    info = getattr(item, "_fixtureinfo", None)  # a Function's; other items use no fixtures
+    groups = []
+    for name, defs in (info.name2fixturedefs.items() if info else ()):
+        if getattr(defs[-1].func, "tvmnorm_builds_library", False):
+            param = item.callspec.params.get(name) if hasattr(item, "callspec") else None
+            groups.append(name if param is None else f"{name}[{param}]")
+    return sorted(groups)
+
+
+def pytest_collection_finish(session):
+    """With TVMNORM_LIBRARY_GROUPS=file, each collected id and the library fixtures it uses
+    (tab-separated, "" for none): what bench/gpu_shards.py keeps together."""
+    path = os.environ.get("TVMNORM_LIBRARY_GROUPS")
+    if path:
+        with open(path, "w") as f:
+            for item in session.items:
+                f.write(f"{item.nodeid}\t{' '.join(library_groups(item))}\n")
+
+
 def pytest_runtest_logreport(report):
     """With TVMNORM_TEST_TIMES=file, each test phase's seconds as it ends: what a GPU lease's
     shard stopped by its time limit (no --durations summary) spent its time on."""

@@ -534,3 +534,74 @@ def test_gpu_test_summary_adds_up_shards_finished_and_stopped(bench_script, tmp_
     assert summary.summarize(clean, 4) == ("4 tests: 3 passed, 1 skipped", 0)
     assert summary.summarize(clean, 5)[1] == 1  # a test that no shard ran
     assert not (clean / "not-reached.txt").exists()
+
+
+def test_gpu_shards_deal_a_library_once_a_shard_and_balance_the_rest(bench_script, tmp_path):
+    """bench/gpu_shards.py: each id dealt once, a shard's ids in collection order; a library
+    fixture's tests in one shard while they fit the fair share, in as few pieces as it allows
+    when not (each piece paying the build); the other ids in runs of neighbours, longest first
+    to the least loaded shard, so no shard is expected to run longer than the fair share plus
+    the longest unit."""
+    shards = bench_script("gpu_shards")
+    ids = [f"tests/a.py::t_lib[{i}]" for i in range(6)] + [f"tests/a.py::t_big[{i}]" for i in range(30)] \
+        + [f"tests/a.py::t_plain[{i}]" for i in range(40)]
+    groups = {i: "lib" for i in ids[:6]} | {i: "big" for i in ids[6:36]}
+    times = {ids[0]: (100.0, 2.0), ids[6]: (50.0, 10.0)} | {i: (0.1, 10.0) for i in ids[7:36]} \
+        | {i: (0.5, 3.0 + n % 5) for n, i in enumerate(ids[36:])}
+    dealt, loads = shards.deal(ids, groups, 4, times)
+    assert sorted(sum(dealt, [])) == sorted(ids)
+    order = {i: n for n, i in enumerate(ids)}
+    assert all(d == sorted(d, key=order.__getitem__) for d in dealt)
+    assert sum(any(i in d for i in ids[:6]) for d in dealt) == 1  # "lib" fits: one build
+    cost = shards.expected_seconds(ids, times)
+    assert cost[ids[0]] == 2.0 and cost[ids[6]] == 10.0  # the builds are the group's, not a test's
+    assert cost[ids[1]] == 2.0  # unlogged: its function's median
+    fair = (sum(cost.values()) + 100.0 + 50.0) / 4
+    big = sum(any(i in d for i in ids[6:36]) for d in dealt)
+    assert big == math.ceil((50.0 + 300.0) / fair) > 1
+    units = shards.units_of(ids, groups, cost, times, 4)
+    assert max(loads) <= fair + max(u[0] for u in units) and abs(sum(loads) - sum(u[0] for u in units)) < 1e-6
+    plain_runs = [u[1] for u in units if u[1][0] in ids[36:]]
+    assert all(len(r) <= shards.RUN for r in plain_runs) and sum(map(len, plain_runs)) == 40
+    # nothing logged: DEFAULT_TEST_S a test, DEFAULT_LIBRARY_S a build, one a library's piece
+    _, loads = shards.deal(ids, groups, 4, {})
+    pieces = [u for u in shards.units_of(ids, groups, shards.expected_seconds(ids, {}), {}, 4) if u[1][0] in groups]
+    assert len(pieces) >= 2
+    assert sum(loads) == pytest.approx(len(ids) * shards.DEFAULT_TEST_S + len(pieces) * shards.DEFAULT_LIBRARY_S)
+
+
+def test_gpu_shards_merge_keeps_each_ids_latest_phases(bench_script, tmp_path):
+    """`gpu_shards.py merge`: a later log's phase replaces an earlier one's, an id the logs do not
+    name keeps its line, and what it writes reads back."""
+    shards = bench_script("gpu_shards")
+    table = tmp_path / "times.tsv"
+    table.write_text("# header\ntests/a.py::old\t1.00\t2.00\ntests/a.py::t[1]\t9.00\t9.00\n")
+    first, second = tmp_path / "times-0.txt", tmp_path / "times-1.txt"
+    first.write_text("0.01 setup passed tests/a.py::t[1]\n3.50 call passed tests/a.py::t[1]\n"
+                     "0.00 teardown passed tests/a.py::t[1]\n")
+    second.write_text("60.00 setup passed tests/a.py::t[2]\n4.25 call failed tests/a.py::t[2]\n"
+                      "5.00 call passed tests/a.py::t[1]\nnot a log line\n")
+    assert shards.merge([first, second], table) == 2
+    assert shards.read_times(table) == {"tests/a.py::old": (1.0, 2.0), "tests/a.py::t[1]": (0.01, 5.0),
+                                        "tests/a.py::t[2]": (60.0, 4.25)}
+
+
+def test_gpu_tests_collection_names_each_ids_library_fixtures(tmp_path):
+    """tests/conftest.py's TVMNORM_LIBRARY_GROUPS: each collected id with the library fixtures it
+    uses (a parametrised one with its parameter), what gpu_shards.py keeps together."""
+    import subprocess
+    import sys
+    out = tmp_path / "groups.txt"
+    root = pathlib.Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                    "tests/test_gpu_core.py", "-k", "x_layouts or programmatic or cuda_matrix"],
+                   cwd=root, env={**os.environ, "TVMNORM_LIBRARY_GROUPS": str(out)}, check=True, capture_output=True)
+    groups = dict(line.split("\t") for line in out.read_text().splitlines())
+    by_group = {}
+    for nodeid, group in groups.items():
+        by_group.setdefault(group, set()).add(nodeid.split("[")[0].split("::")[1])
+    assert by_group == {"": {"test_cuda_matrix"},
+                        "tuned_layout_library": {"test_cuda_tuned_records_for_x_layouts"},
+                        "tuned_all_layouts_library": {"test_cuda_library_of_x_layouts"},
+                        "pdl_library[library]": {"test_cuda_library_chains_under_programmatic_dependent_launch"},
+                        "pdl_library[jit]": {"test_cuda_library_chains_under_programmatic_dependent_launch"}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import KernelCache, call, check_outputs, make_inputs, tensor, x_in_layout
+from conftest import KernelCache, call, check_outputs, library_fixture, make_inputs, tensor, x_in_layout
 from conftest import run_and_check as check_on
 from tvmnorm.key import NormKey
 from tvmnorm.runtime import variant_kernel
@@ -601,7 +601,7 @@ def test_cuda_int32_row_kernels(key, rows, rng, seed):
     run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
-@pytest.fixture(scope="module")
+@library_fixture()
 def small_call_library(tmp_path_factory):
     """A CUDA library (nvcc, as `tvmnorm build` makes it) of two forward keys with their
     committed H200 records: each holds the tuned kernel and the default's small-call one."""
@@ -764,7 +764,7 @@ PDL_CHAINS = [("layernorm", 7168, "bf16"), ("rmsnorm", 1024, "bf16"), ("rmsnorm"
               ("layernorm", 4096, "fp8e4m3")]
 
 
-@pytest.fixture(scope="module", params=["library", "jit"])
+@library_fixture(params=["library", "jit"])
 def pdl_library(request, tmp_path_factory):
     """(registry, whether it launches with PDL, the kernels' origin) for the forward and backward
     keys of PDL_CHAINS: one library of their default schedules, or the runtime's default-kernel
@@ -916,13 +916,13 @@ def tuned_layout_registry(tmp_path_factory, layouts):
     return reg
 
 
-@pytest.fixture(scope="module")
+@library_fixture()
 def tuned_layout_library(tmp_path_factory):
     """Compact rows' kernels alone: the other layouts' compiled from the library's records."""
     return tuned_layout_registry(tmp_path_factory, ("compact",))
 
 
-@pytest.fixture(scope="module")
+@library_fixture()
 def tuned_all_layouts_library(tmp_path_factory):
     """Every layout's kernels in the library (`tvmnorm build`'s default)."""
     return tuned_layout_registry(tmp_path_factory, "all")
