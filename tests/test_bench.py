@@ -164,6 +164,28 @@ def test_unwritten_output_is_reported_wrong(monkeypatch, tmp_path):
     assert all(r["status"] == "ok" for r in recs if r["impl"] == "torch_eager")
 
 
+def test_cpu_calls_write_one_output_set_as_the_peers_do():
+    """On the CPU every call of a tvmnorm impl writes the same outputs (torch hands a peer the
+    memory its last call freed, still in cache); on CUDA each input set keeps its own."""
+    case = bench.Case("layernorm_fwd", "fp32", 64, 5, 5, "tokens", "", "")
+    gen = torch.Generator().manual_seed(0)
+    sets = [bench.make_set(case, "cpu", gen) for _ in range(3)]
+    seen = []
+
+    class Kernel:
+        origin = "stub"
+
+        def __call__(self, *arrays, eps=None):
+            seen.append([a.data_ptr() for a in arrays])
+
+    p = bench._tvm_prepared(Kernel(), case, sets, "cpu")
+    outs = [c() for c in p.calls]
+    assert all(o["y"] is outs[0]["y"] and o["mu"] is outs[0]["mu"] for o in outs)
+    assert len({tuple(ptrs) for ptrs in seen}) == 3  # each call still reads its own set
+    p.poison(2)
+    assert outs[0]["y"].isnan().all()
+
+
 def test_failing_impl_does_not_abort(monkeypatch, tmp_path):
     def broken(ctx, case, sets):
         raise RuntimeError("boom")
