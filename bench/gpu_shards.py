@@ -173,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--shards must be at least 1")
     ids = [line for line in a.ids.read_text().splitlines() if line]
     groups = read_groups(a.groups)
+    unknown = sum(i not in groups for i in ids)
+    if unknown:
+        # tests/conftest.py wrote no line for them (another conftest, a failed hook): each such id
+        # is dealt alone, and a library fixture among them is built once a shard that draws it
+        print(f"gpu_shards: {unknown} of {len(ids)} ids have no line in {a.groups}: dealt as using no library",
+              file=sys.stderr)
     times = read_times(a.times)
     dealt, loads = deal(ids, groups, a.shards, times)
     for s, members in enumerate(dealt):

@@ -52,6 +52,12 @@ if [ -n "${SLICE:-}" ]; then
   [ "$slice_i" -eq 0 ] || : > "$D/ids-multigpu.txt"
 fi
 total=$(($(wc -l < "$D/ids.txt") + $(wc -l < "$D/ids-multigpu.txt")))
+if [ "$total" -eq 0 ]; then
+  # a collection error (an import, a conftest hook) left no ids: say why rather than pass 0 tests
+  echo "no test collected (MARK=$MARK${IDS:+, IDS=$IDS}); pytest says:" >&2
+  python -m pytest --collect-only -q -m "$MARK" -p no:cacheprovider "${@:-tests}" 2>&1 | tail -15 >&2
+  exit 1
+fi
 echo "$total tests in $SHARDS shards on $GPUS GPU(s), $(wc -l < "$D/ids-multigpu.txt") of them on all GPUs at once"
 set -f  # test ids hold brackets: never glob them against file names
 python bench/gpu_shards.py deal --ids "$D/ids.txt" --groups "$D/groups.txt" --shards "$SHARDS" --out "$D" || exit 1
