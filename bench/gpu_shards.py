@@ -99,7 +99,7 @@ def units_of(ids: list[str], groups: dict[str, str], cost: dict[str, float],
         else:
             plain.append(i)
     builds = {g: build_seconds(v, times) for g, v in by_group.items()}
-    fair = (sum(cost.values()) + sum(builds.values())) / max(shards, 1)
+    fair = max((sum(cost.values()) + sum(builds.values())) / max(shards, 1), 1e-9)  # logs of 0 s: one piece
     units = []
     for g, members in by_group.items():
         total = builds[g] + sum(cost[i] for i in members)
@@ -126,7 +126,7 @@ def deal(ids: list[str], groups: dict[str, str], shards: int,
     loads = [0.0] * shards
     dealt: list[list[str]] = [[] for _ in range(shards)]
     for seconds, members in sorted(units_of(ids, groups, cost, times, shards), key=lambda u: -u[0]):
-        s = loads.index(min(loads))
+        s = min(range(shards), key=lambda k: (loads[k], len(dealt[k])))  # ties: the fewest ids
         loads[s] += seconds
         dealt[s] += members
     return [sorted(d, key=order.__getitem__) for d in dealt], loads
