@@ -590,6 +590,8 @@ def test_gpu_shards_deal_a_library_once_a_shard_and_balance_the_rest(bench_scrip
     pieces = [u for u in shards.units_of(ids, groups, shards.expected_seconds(ids, {}), {}, 4) if u[1][0] in groups]
     assert len(pieces) >= 2
     assert sum(loads) == pytest.approx(len(ids) * shards.DEFAULT_TEST_S + len(pieces) * shards.DEFAULT_LIBRARY_S)
+    # logs of 0 s (ties everywhere) still spread the ids over every shard
+    assert all(shards.deal(ids, groups, 4, {i: (0.0, 0.0) for i in ids})[0])
 
 
 def test_gpu_shards_merge_keeps_each_ids_latest_phases(bench_script, tmp_path):
