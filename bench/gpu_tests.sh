@@ -10,8 +10,9 @@
 #
 # bench/gpu_shards.py deals the ids by their logged seconds (bench/gpu_test_times.tsv: after a
 # lease, `python bench/gpu_shards.py merge <the archive's gpu-tests/times-*.txt>`), the tests
-# that share a library fixture together, so each shard builds a library at most once; a
-# shard sees one GPU, so the tests marked multigpu run afterwards in one process that sees all
+# that share a library fixture together (one piece while they fit a shard's fair share), so a
+# library is built once a piece, not once a shard that drew one of its tests; a shard sees one
+# GPU, so the tests marked multigpu run afterwards in one process that sees all
 # GPUS (on the fourth lease the two-device test was skipped in its shard). Each
 # shard writes $OUT/gpu-tests/shard-<i>.txt; the summary ($OUT/gpu-tests/summary.txt) adds up
 # passed/failed/skipped/errors and lists every failure. TEST_SECONDS bounds each shard. Exit
