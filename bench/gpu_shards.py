@@ -87,18 +87,22 @@ def build_seconds(group_ids: list[str], times: dict[str, tuple[float, float]]) -
     return max(setups) if setups else DEFAULT_LIBRARY_S
 
 
+def library_builds(ids: list[str], groups: dict[str, str],
+                   times: dict[str, tuple[float, float]]) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """(library group -> its ids in order, library group -> its build's seconds)."""
+    by_group: dict[str, list[str]] = {}
+    for i in ids:
+        if groups.get(i):
+            by_group.setdefault(groups[i], []).append(i)
+    return by_group, {g: build_seconds(v, times) for g, v in by_group.items()}
+
+
 def units_of(ids: list[str], groups: dict[str, str], cost: dict[str, float],
              times: dict[str, tuple[float, float]], shards: int) -> list[tuple[float, list[str]]]:
     """(expected seconds, ids) units: each library group, cut into pieces no longer than the
     shards' fair share where it can be, and runs of RUN neighbours of one test function."""
-    by_group: dict[str, list[str]] = {}
-    plain: list[str] = []
-    for i in ids:
-        if groups.get(i):
-            by_group.setdefault(groups[i], []).append(i)
-        else:
-            plain.append(i)
-    builds = {g: build_seconds(v, times) for g, v in by_group.items()}
+    by_group, builds = library_builds(ids, groups, times)
+    plain = [i for i in ids if not groups.get(i)]
     fair = max((sum(cost.values()) + sum(builds.values())) / max(shards, 1), 1e-9)  # logs of 0 s: one piece
     units = []
     for g, members in by_group.items():
@@ -136,12 +140,12 @@ def round_robin_seconds(ids: list[str], groups: dict[str, str], shards: int,
                         times: dict[str, tuple[float, float]]) -> list[float]:
     """What the round-robin dealing would be expected to take a shard, for the log."""
     cost = expected_seconds(ids, times)
+    _, builds = library_builds(ids, groups, times)
     loads = []
     for s in range(shards):
         mine = ids[s::shards]
         built = {groups[i] for i in mine if groups.get(i)}
-        members = {g: [i for i in ids if groups.get(i) == g] for g in built}
-        loads.append(sum(cost[i] for i in mine) + sum(build_seconds(members[g], times) for g in built))
+        loads.append(sum(cost[i] for i in mine) + sum(builds[g] for g in built))
     return loads
 
 

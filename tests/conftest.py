@@ -79,9 +79,9 @@ def pytest_collection_modifyitems(config, items):
 def library_fixture(**kwargs):
     """A module fixture that builds a library (nvcc: up to four minutes of one core on a GPU
     lease's host). bench/gpu_tests.sh deals the tests that share one to as few shards as their
-    time allows (bench/gpu_shards.py), so it is built once a shard that has them: dealt
-    round-robin, lease 72's 15 shards each built the same x-layout library, 3215 of the 5466
-    shard-seconds its 260 tests took."""
+    time allows (bench/gpu_shards.py), so it is built once a piece of them: dealt round-robin,
+    lease 72's 15 shards each built the same x-layout library, 3215 of the 5466 shard-seconds
+    its 260 tests took."""
     def wrap(fn):
         fn.tvmnorm_builds_library = True
         return pytest.fixture(scope="module", **kwargs)(fn)
