@@ -304,7 +304,7 @@ class Prepared:
     origin: str = ""
 
 
-def _tvm_outputs(case: Case, s, device):
+def _tvm_outputs(case: Case, device):
     torch = _torch()
     M, H = case.rows, case.hidden
     dt = torch_dtype(case.dtype)
@@ -333,8 +333,8 @@ def _tvm_prepared(kernel, case: Case, sets, device) -> Prepared:
     # 1024 kernel took 283 us against torch eager's 192 that way, and 164 against 209 with one
     # output set (session 65). CUDA's timer flushes L2 before each call, so there each set keeps
     # its own outputs, as in every GPU result.
-    outs = ([_tvm_outputs(case, s, device) for s in sets] if device != "cpu"
-            else [_tvm_outputs(case, sets[0], device)] * len(sets))
+    outs = ([_tvm_outputs(case, device) for _ in sets] if device != "cpu"
+            else [_tvm_outputs(case, device)] * len(sets))
     eps = case.eps if case.forward else None
 
     def make(i):
