@@ -17,10 +17,11 @@ case "${1:-}" in
   check)
     source bench/lease_env.sh || exit 1
     export TVMNORM_CACHE=/tmp/tvmnorm-cache
-    SHARDS=15 GPUS=1 OUT=$X/t TEST_SECONDS=200 CACHE_BACK=1 bash bench/gpu_tests.sh \
+    SHARDS=15 GPUS=1 OUT=$X/t TEST_SECONDS=${TEST_SECONDS:-200} CACHE_BACK=1 bash bench/gpu_tests.sh \
       tests/test_gpu_core.py tests/test_torch_gpu.py -k fp8 > "$X/tests.log" 2>&1
     el "tests rc $?"; head -20 "$X/t/gpu-tests/summary.txt"
-    timeout 220 python bench/gpu_probe.py --otype fp8e4m3 --no-variants --hidden 128,1024,4096,7168 --seconds 180 \
+    timeout $((${PROBE_SECONDS:-180} + 40)) python bench/gpu_probe.py --otype fp8e4m3 --no-variants \
+      --hidden ${PROBE_HIDDEN:-128,1024,4096,7168} --seconds ${PROBE_SECONDS:-180} \
       --out "$X/probe" > "$X/probe.log" 2>&1
     el "probe rc $?"; grep -v "^ *$" "$X/probe.log" | tail -60 | cut -c1-170
     ;;
