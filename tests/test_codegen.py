@@ -1333,6 +1333,20 @@ def test_the_tuner_times_a_candidate_with_its_stream_hints(key, cfg, stream, hin
                                               func.with_attr("global_symbol", f"plain_{part}")))
 
 
+def test_probe_times_every_even_vector_fp8_point_unpaired_too(bench_script):
+    """bench/gpu_probe.py's fp8 points of an even vector come again with paired_cast off
+    (+unpaired), y kept in registers or recomputed by the store alike, so a probe times the
+    paired cast against the one-column casts wherever the schedule pairs them; a bf16 forward
+    has no cast to pair and no such point."""
+    probe = bench_script("gpu_probe")
+    fp8 = probe.points(NormKey(norm="layernorm", hidden_size=4096, otype="fp8e4m3"), variants=False)
+    paired = {n: c for n, c in fp8.items() if "+unpaired" not in n and "+fc" not in n and "+ew" not in n}
+    assert {c.keep_y for c in paired.values()} == {True, False}
+    for name, cfg in paired.items():
+        assert cfg.paired_cast and fp8[f"{name}+unpaired"] == dataclasses.replace(cfg, paired_cast=False)
+    assert not any("+unpaired" in n for n in probe.points(NormKey(hidden_size=4096), variants=False))
+
+
 def test_probe_swaps_a_records_stream_decision(bench_script):
     """bench/gpu_probe.py --stream-ab: a committed forward record with its STREAM decision made
     each mode replays, and only the rows' loads change (0: plain, 1: ld.global.cs, 3: under an
