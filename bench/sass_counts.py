@@ -184,34 +184,23 @@ def forward_ops(widths: str, cuobjdump: str, work: pathlib.Path) -> None:
 # fp8 forwards of the records' shapes whose y is recomputed by the store (keep_y off; layernorm
 # 1024's and rmsnorm 4096's records are so) and, for comparison, kept (keep_y)
 PAIRED_POINTS = [
-    (NormKey(norm="layernorm", hidden_size=1024, otype="fp8e4m3"), CudaRowConfig(threads=32, vec=8)),
-    (NormKey(hidden_size=4096, otype="fp8e4m3"), CudaRowConfig(threads=128, vec=8)),
-    (NormKey(norm="layernorm", hidden_size=128, otype="fp8e4m3"), CudaRowConfig(threads=4, rows=8, vec=8)),
+    (NormKey(norm="layernorm", hidden_size=1024, otype="fp8e4m3"), CudaRowConfig(threads=32, vec=8), "fwd"),
+    (NormKey(hidden_size=4096, otype="fp8e4m3"), CudaRowConfig(threads=128, vec=8), "fwd"),
+    (NormKey(norm="layernorm", hidden_size=128, otype="fp8e4m3"), CudaRowConfig(threads=4, rows=8, vec=8), "fwd"),
     (NormKey(norm="layernorm", hidden_size=4096, otype="fp8e4m3"),
-     CudaRowConfig(threads=128, vec=8, keep_row=True, keep_y=True)),
+     CudaRowConfig(threads=128, vec=8, keep_row=True, keep_y=True), "fwd"),
 ]
 
 
-def paired_counts(cuobjdump: str, work: pathlib.Path) -> None:
-    """PAIRED_POINTS with paired_cast off and on."""
-    for key, cfg in PAIRED_POINTS:
-        off, on = (count(source(key, dataclasses.replace(cfg, paired_cast=value), "fwd"), "fwd", cuobjdump, work)
-                   for value in (False, True))
-        shape = f"{cfg.threads}x{cfg.rows} vec {cfg.vec}" + (" y kept" if cfg.keep_y else " y recomputed")
-        print(f"{key.name} fwd ({shape}): paired_cast {off[0]} -> {on[0]} instructions, F2FP {off[1]['F2FP']} -> "
-              f"{on[1]['F2FP']}, LOP3 {off[1]['LOP3']} -> {on[1]['LOP3']}, PRMT {off[1]['PRMT']} -> {on[1]['PRMT']}; "
-              f"registers {off[2]} -> {on[2]}", flush=True)
-
-
-def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
-    """The dx points with ``knob`` off and on."""
-    for key, cfg, part in POINTS:
-        if part != "dx":
-            continue
+def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path, points=None, opcodes=("LDG",)) -> None:
+    """``points`` (the dx ones of POINTS by default) with ``knob`` off and on, ``opcodes`` apart."""
+    for key, cfg, part in points or [p for p in POINTS if p[2] == "dx"]:
         off, on = (count(source(key, dataclasses.replace(cfg, **{knob: value}), part), part, cuobjdump, work)
                    for value in (False, True))
-        print(f"{key.name} {part} ({cfg.threads}x{cfg.rows} vec {cfg.vec} prefetch {cfg.prefetch}): {knob} "
-              f"{off[0]} -> {on[0]} instructions, LDG {off[1]['LDG']} -> {on[1]['LDG']}; registers {off[2]} -> "
+        shape = f"prefetch {cfg.prefetch}" if part == "dx" else "y kept" if cfg.keep_y else "y recomputed"
+        ops = ", ".join(f"{op} {off[1][op]} -> {on[1][op]}" for op in opcodes)
+        print(f"{key.name} {part} ({cfg.threads}x{cfg.rows} vec {cfg.vec} {shape}): {knob} "
+              f"{off[0]} -> {on[0]} instructions, {ops}; registers {off[2]} -> "
               f"{on[2]}, spill stores {off[3]} -> {on[3]} bytes", flush=True)
 
 
@@ -245,7 +234,7 @@ def main():
         if args.layouts:
             return layout_usage(args.layouts, work)
         if args.paired:
-            return paired_counts(args.cuobjdump, work)
+            return knob_counts("paired_cast", args.cuobjdump, work, PAIRED_POINTS, ("F2FP", "LOP3", "PRMT"))
         if args.forward_ops:
             return forward_ops(args.forward_ops, args.cuobjdump, work)
         if args.knob:
