@@ -16,8 +16,8 @@ with its weights loaded with x, before the row sums' barriers (+ew: early_weight
 config with keep_y as it sets it and flipped, the kept variants (each a whole call, amax
 included), and the library's fwd kernel alone, which with the library's whole call shows what
 the amax kernels (or amax_zero and the atomics, where the forward folds amax in: then also
-amax_zero alone) cost; the points of y kept in
-registers also cast one column at a time (``+unpaired``: CudaRowConfig.paired_cast off), and
+amax_zero alone) cost; the points of an even vector
+also cast one column at a time (``+unpaired``: CudaRowConfig.paired_cast off), and
 with ``--fold-ab`` the committed record's kernels with amax folded into the forward and not
 (``record+fold``, ``record+amax-kernels``, twice each in turn). ``--int32`` adds
 the default rule's kernel with an int32 row count (``default-int32``: the index width tuning
@@ -97,9 +97,10 @@ def points(key: NormKey, variants: bool = True) -> dict:
     # and the kept points of rows with barriers with their weights loaded before those (+ew)
     out.update({f"{name}+ew": dataclasses.replace(cfg, early_weights=True) for name, cfg in list(out.items())
                 if cfg.keep_row and cfg.threads >= EARLY_WEIGHTS_THREADS})
-    # fp8: the points of y in registers again casting one column at a time (+unpaired)
+    # fp8: the points of an even vector again casting one column at a time (+unpaired), y kept
+    # in registers or recomputed by the store (which pairs its casts too since session 66)
     out.update({f"{name}+unpaired": dataclasses.replace(cfg, paired_cast=False) for name, cfg in list(out.items())
-                if cfg.keep_y and cfg.vec % 2 == 0 and "+fc" not in name and "+ew" not in name})
+                if key.fp8_out and cfg.vec % 2 == 0 and "+fc" not in name and "+ew" not in name})
     return out
 
 

@@ -6,6 +6,8 @@ of a point of the space once the row guards are gone, without a GPU.
     python bench/sass_counts.py --records bwd            # registers/spills of the committed records
     python bench/sass_counts.py --variants layernorm:2048  # ... of every fused dx variant of a key
     python bench/sass_counts.py --layouts layernorm:8192     # ... of every unstaged point, held or not
+    python bench/sass_counts.py --forward-ops 128,1024,4096  # the committed forwards, bf16 and fp8 out
+    python bench/sass_counts.py --paired                  # fp8 forwards casting y in pairs or not
 
 Each point's kernel (the int32-row copy the library serves, as a tuning candidate compiles) goes
 through nvcc -cubin for sm_90; cuobjdump -sass lists its instructions. A full_chunks kernel holds
@@ -152,15 +154,53 @@ def layout_usage(specs: str, work: pathlib.Path) -> None:
                               f"registers, spilled {stores}/{loads} B", flush=True)
 
 
-def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path) -> None:
-    """The dx points with ``knob`` off and on."""
-    for key, cfg, part in POINTS:
-        if part != "dx":
-            continue
+def forward_ops(widths: str, cuobjdump: str, work: pathlib.Path) -> None:
+    """Static instructions of the forward kernel a library serves a training call with (the
+    int32-row copy of the committed record's, else the default rule's) for rmsnorm and layernorm
+    with bf16 and fp8e4m3 output at each of ``widths``, over the elements a thread handles
+    (hidden / threads a row): where the fp8 layernorm forward's time goes past its bytes'."""
+    from tvmnorm.build import key_funcs
+    from tvmnorm.tune import load_records
+    records = load_records("cuda")
+    for hidden in map(int, widths.split(",")):
+        for norm in ("rmsnorm", "layernorm"):
+            for otype in ("bf16", "fp8e4m3"):
+                key = NormKey(norm=norm, hidden_size=hidden, otype=otype)
+                record = records.get(key.pack())
+                funcs = key_funcs(key, "cuda", record)
+                name = f"{narrow_prefix(key)}_fwd"
+                src = compile_funcs({name: funcs[name]}, "cuda").mod.imports[0].inspect_source()
+                block = int(re.search(r"__launch_bounds__\((\d+)", src).group(1))
+                rows = re.search(r"blockIdx\.x\) \* (\d+)\) \+ \(\(int\)threadIdx\.y\)", src)
+                per_thread = hidden * (int(rows.group(1)) if rows else 1) // block
+                total, ops, regs, _ = count(src, "narrow_fwd", cuobjdump, work)
+                origin = "default rule" if not record or record.get("default_won") else "record"
+                top = " ".join(f"{op} {n}" for op, n in ops.most_common(10))
+                print(f"{norm} {otype} {hidden} ({origin}, {block} threads, {per_thread} elements a thread): "
+                      f"{total} instructions, {total / per_thread:.1f} an element, {regs} registers; {top}",
+                      flush=True)
+
+
+# fp8 forwards of the records' shapes whose y is recomputed by the store (keep_y off; layernorm
+# 1024's and rmsnorm 4096's records are so) and, for comparison, kept (keep_y)
+PAIRED_POINTS = [
+    (NormKey(norm="layernorm", hidden_size=1024, otype="fp8e4m3"), CudaRowConfig(threads=32, vec=8), "fwd"),
+    (NormKey(hidden_size=4096, otype="fp8e4m3"), CudaRowConfig(threads=128, vec=8), "fwd"),
+    (NormKey(norm="layernorm", hidden_size=128, otype="fp8e4m3"), CudaRowConfig(threads=4, rows=8, vec=8), "fwd"),
+    (NormKey(norm="layernorm", hidden_size=4096, otype="fp8e4m3"),
+     CudaRowConfig(threads=128, vec=8, keep_row=True, keep_y=True), "fwd"),
+]
+
+
+def knob_counts(knob: str, cuobjdump: str, work: pathlib.Path, points=None, opcodes=("LDG",)) -> None:
+    """``points`` (the dx ones of POINTS by default) with ``knob`` off and on, ``opcodes`` apart."""
+    for key, cfg, part in points or [p for p in POINTS if p[2] == "dx"]:
         off, on = (count(source(key, dataclasses.replace(cfg, **{knob: value}), part), part, cuobjdump, work)
                    for value in (False, True))
-        print(f"{key.name} {part} ({cfg.threads}x{cfg.rows} vec {cfg.vec} prefetch {cfg.prefetch}): {knob} "
-              f"{off[0]} -> {on[0]} instructions, LDG {off[1]['LDG']} -> {on[1]['LDG']}; registers {off[2]} -> "
+        shape = f"prefetch {cfg.prefetch}" if part == "dx" else "y kept" if cfg.keep_y else "y recomputed"
+        ops = ", ".join(f"{op} {off[1][op]} -> {on[1][op]}" for op in opcodes)
+        print(f"{key.name} {part} ({cfg.threads}x{cfg.rows} vec {cfg.vec} {shape}): {knob} "
+              f"{off[0]} -> {on[0]} instructions, {ops}; registers {off[2]} -> "
               f"{on[2]}, spill stores {off[3]} -> {on[3]} bytes", flush=True)
 
 
@@ -173,6 +213,9 @@ def main():
                     "dx variant of that bf16 backward key instead")
     ap.add_argument("--layouts", default=None, metavar="NORM:HIDDEN,...", help="registers and spills of every "
                     "unstaged fused dx point of those bf16 backward keys, held by the space or not, instead")
+    ap.add_argument("--forward-ops", default=None, metavar="HIDDEN,...", help="instructions of the committed "
+                    "forwards' kernels, bf16 and fp8e4m3 output, at those widths instead")
+    ap.add_argument("--paired", action="store_true", help="fp8 forwards with paired_cast off and on instead")
     ap.add_argument("--knob", default=None, help="a boolean CudaRowConfig field of the dx (e.g. chunk_weights) to "
                     "count off and on instead of full_chunks")
     ap.add_argument("--no-tir-cse", action="store_true", help="compile without TVM's common subexpression "
@@ -190,6 +233,10 @@ def main():
             return variant_usage(args.variants, work)
         if args.layouts:
             return layout_usage(args.layouts, work)
+        if args.paired:
+            return knob_counts("paired_cast", args.cuobjdump, work, PAIRED_POINTS, ("F2FP", "LOP3", "PRMT"))
+        if args.forward_ops:
+            return forward_ops(args.forward_ops, args.cuobjdump, work)
         if args.knob:
             return knob_counts(args.knob, args.cuobjdump, work)
         for key, cfg, part in POINTS:

@@ -842,26 +842,31 @@ def test_fp8_fwd_keeps_y_in_registers(norm, hidden, threads, vec):
     assert "y_unscaled" not in bodies[False]
 
 
+@pytest.mark.parametrize("keep_y", (True, False), ids=("kept-y", "recomputed-y"))
 @pytest.mark.parametrize("norm,otype,hidden,threads,vec", [("layernorm", "fp8e4m3", 8192, 256, 4),
                                                             ("rmsnorm", "fp8e5m2", 1000, 32, 8),
                                                             ("layernorm", "fp8e4m3", 4095, 1024, 1)])
-def test_fp8_fwd_casts_pairs_without_a_written_clamp(norm, otype, hidden, threads, vec):
+def test_fp8_fwd_casts_pairs_without_a_written_clamp(norm, otype, hidden, threads, vec, keep_y):
     """CUDA's fp8 forward leaves saturation to the hardware cast (satfinite: no min/max with the
-    format's largest value, which also turned NaN into it) and, with y kept in registers and an
-    even vector, converts two columns per cast (float2 -> fp8x2); unpaired (paired_cast off) or
-    with odd vectors, one column per cast."""
+    format's largest value, which also turned NaN into it) and, with an even vector, converts
+    two columns per cast (float2 -> fp8x2), whether y is kept in registers (keep_y) or
+    recomputed by the store (then from x loaded again, its fp32 math on float2 pairs);
+    unpaired (paired_cast off) or with odd vectors, one column per cast."""
     from tvmnorm.sched.rows import CudaRowConfig
     key = NormKey(norm=norm, otype=otype, hidden_size=hidden)
     pair_type = "__nv_fp8x2_" + ("e4m3" if otype == "fp8e4m3" else "e5m2")
+    one_type = "__nv_fp8_" + ("e4m3" if otype == "fp8e4m3" else "e5m2")
     per_thread = -(-hidden // (threads * vec)) * vec
-    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=True, keep_y=True)
+    cfg = CudaRowConfig(threads=threads, rows=max(1, 128 // threads), vec=vec, keep_row=keep_y, keep_y=keep_y)
     bodies = {paired: kernel(cuda_source(key, dataclasses.replace(cfg, paired_cast=paired)), "fwd")
               for paired in (True, False)}
     for body in bodies.values():
         assert "448" not in body and "57344" not in body and not re.search(r"\bmin\(", body)
-    casts = lambda body: len(re.findall(rf"= \({pair_type}\)\(", body))  # noqa: E731
-    assert casts(bodies[True]) == (per_thread // 2 if vec % 2 == 0 else 0)
-    assert casts(bodies[False]) == 0
+    casts = lambda body, t: len(re.findall(rf"= \(?\({t}\)\(", body))  # noqa: E731
+    assert casts(bodies[True], pair_type) == (per_thread // 2 if vec % 2 == 0 else 0)
+    assert casts(bodies[True], one_type) == (0 if vec % 2 == 0 else per_thread)
+    assert casts(bodies[False], pair_type) == 0
+    assert casts(bodies[False], one_type) == per_thread
 
 
 @pytest.mark.parametrize("key", [NormKey(norm="layernorm", stage="bwd", hidden_size=2048),
@@ -1326,6 +1331,20 @@ def test_the_tuner_times_a_candidate_with_its_stream_hints(key, cfg, stream, hin
         assert "gamma_ptr" in body and not any("gamma_ptr" in ln or "beta_ptr" in ln for ln in hinted)
     assert hint not in generated_cuda(_kernel(schedule_rows_cuda(func, CudaRowConfig(**cfg), sch=Schedule(func)),
                                               func.with_attr("global_symbol", f"plain_{part}")))
+
+
+def test_probe_times_every_even_vector_fp8_point_unpaired_too(bench_script):
+    """bench/gpu_probe.py's fp8 points of an even vector come again with paired_cast off
+    (+unpaired), y kept in registers or recomputed by the store alike, so a probe times the
+    paired cast against the one-column casts wherever the schedule pairs them; a bf16 forward
+    has no cast to pair and no such point."""
+    probe = bench_script("gpu_probe")
+    fp8 = probe.points(NormKey(norm="layernorm", hidden_size=4096, otype="fp8e4m3"), variants=False)
+    paired = {n: c for n, c in fp8.items() if "+unpaired" not in n and "+fc" not in n and "+ew" not in n}
+    assert {c.keep_y for c in paired.values()} == {True, False}
+    for name, cfg in paired.items():
+        assert cfg.paired_cast and fp8[f"{name}+unpaired"] == dataclasses.replace(cfg, paired_cast=False)
+    assert not any("+unpaired" in n for n in probe.points(NormKey(hidden_size=4096), variants=False))
 
 
 def test_probe_swaps_a_records_stream_decision(bench_script):

@@ -52,8 +52,9 @@ class CudaRowConfig:
                               # (the fused dx kernel always keeps its rows there)
     keep_y: bool = False      # fp8 fwd with keep_row: y (before scaling and the cast) computed
                               # once into registers that the store and amax read
-    paired_cast: bool = True  # fp8 fwd with keep_y: y cast two columns at a time (float2 ->
-                              # fp8x2: one cvt.rn.satfinite.e4m3x2 a pair, packed as stored)
+    paired_cast: bool = True  # fp8 fwd, even vec: y cast two columns at a time (float2 -> fp8x2:
+                              # one cvt.rn.satfinite.e4m3x2 a pair, packed as stored), whether
+                              # y is kept (keep_y) or recomputed by the store
     min_blocks: int = 1       # blocks one SM must hold at once (__launch_bounds__'s second
                               # argument, _tvm.MIN_BLOCKS_PER_SM): ptxas then caps a thread's
                               # registers at 64K / (threads * rows * min_blocks)
@@ -311,6 +312,7 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
     if part is None and cfg.chunk_weights:
         raise ValueError("chunk_weights is a dx schedule: a forward's block holds no chunk of rows")
     y_stage = _named_block(sch, FP8_Y_STAGE)
+    fp8_y = y_stage is not None
     if y_stage is not None and not cfg.keep_y:
         sch.compute_inline(y_stage)  # recomputed by the store and by amax
         y_stage = None
@@ -398,9 +400,12 @@ def schedule_rows_cuda(func, cfg: CudaRowConfig, sch=None):
         # (NVRTC rejects float32x8 arithmetic) and is unrolled
         if two_d:
             _vector_io(sch, blk, outer, skip=kept)
-        if y_stage is not None and name == "y" and cfg.paired_cast and cfg.vec % 2 == 0:
+        if fp8_y and name == "y" and cfg.paired_cast and cfg.vec % 2 == 0:
             # the hardware converts two floats per instruction; one a column took a cvt of the
-            # value and a zero, then byte shuffles to pack the results for the vector store
+            # value and a zero, then byte shuffles to pack the results for the vector store. A
+            # y recomputed by the store pairs too (its fp32 math then runs on float2 pairs): the
+            # records that chose it, layernorm 1024's among them, cast one column at a time:
+            # 568 -> 488 SASS instructions there (bench/results/sass-fp8-paired-cast.txt)
             v, pair = sch.split(v, [None, 2])
             sch.vectorize(pair)
         if kept:

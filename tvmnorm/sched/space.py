@@ -17,7 +17,8 @@ the row: TE's rule hidden*size % (threads*bytes) == 0 is relaxed to hidden % vec
 predicated tails handle the rest), unroll depth, and whether the row of x is kept in registers
 for every stage (read from memory once) or loaded again by each, and with fp8 output whether y
 is kept there too (``fwd_kept_variants``: structural variants, as the register layout depends
-on threads and vec; kept, y is cast to fp8 two columns at a time: CudaRowConfig.paired_cast).
+on threads and vec; kept or not, y is cast to fp8 two columns at a time with an even vector:
+CudaRowConfig.paired_cast).
 (Staging the row in shared memory was tried: see design_spaces.)
 Pruned here: thread counts that leave a thread no vector or more than 32 of them, vector widths
 that do not divide the row or exceed 16 bytes; VerifyGPUCode rejects the rest (more than 1024
