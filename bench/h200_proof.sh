@@ -61,10 +61,11 @@ case "$part" in
     # little device time is left for the fp16 part and the tests
     device_part fp8 "${FP8_S:-300}"
     ROUNDS=2 PARTS="rmsnorm_fwd_fp8_train layernorm_fwd_fp8_train" OUT=$P bash bench/h200.sh > "$P.log" 2>&1
-    echo "fp8 rc $?"
+    rc=$?
+    echo "fp8 rc $rc"
     if [ "$part" = fp8 ]; then
       grep -h "^\[\|!!" "$P.log" | cut -c1-170 | tail -30
-      exit 0
+      exit $rc
     fi
     device_part fp16 170
     DTYPES=fp16 ROUNDS=2 IMPLS=tvmnorm_tuned,tvmnorm_default,torch_eager,liger \
