@@ -662,7 +662,7 @@ def test_cuda_default_key_serves_small_calls_with_its_own_kernel(cuda_kernels, n
 
 
 @pytest.mark.parametrize("stage", ["fwd", "bwd"])
-def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
+def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed, tmp_path, monkeypatch):
     """A call of more than 2^31 elements per tensor (rmsnorm at hidden 4096, 2^19 + 3 rows: 4.3 GB
     of bf16 per tensor) runs the int64 row kernel (the int32 one's offsets would wrap; compiled
     on this first such call), and is
@@ -674,13 +674,16 @@ def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed):
     hidden, rows = 4096, (1 << 31) // 4096 + 3
     key = NormKey(stage=stage, hidden_size=hidden)
     part = "fwd" if stage == "fwd" else "dx"
+    # a cache of its own: the shared one of a lease's shards is seeded with entries that
+    # scripts/warm_cache.py built whole, which serve the int64 kernels at once
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
     reg = Registry()
     reg.set_library("cuda", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kernel = reg.get(key, "cuda")
-    # the runtime's default-kernel cache (fresh in the tests) leaves the int64 row kernels to the
-    # first call past int32 offsets
+    # a fresh default-kernel cache leaves the int64 row kernels to the first call past int32
+    # offsets
     assert kernel._wide is not None and part not in kernel._f
     assert not fits_int32(rows, hidden) and kernel.parts_for(rows)[part] is kernel._f[part]
     assert kernel._wide is None
