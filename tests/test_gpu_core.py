@@ -661,30 +661,37 @@ def test_cuda_default_key_serves_small_calls_with_its_own_kernel(cuda_kernels, n
         run_and_check(lambda _: kernel, key, rows, rng, seed)
 
 
+@pytest.mark.parametrize("cache", ["fresh", "warm"])
 @pytest.mark.parametrize("stage", ["fwd", "bwd"])
-def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, seed, tmp_path, monkeypatch):
+def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, cache, seed, tmp_path, monkeypatch):
     """A call of more than 2^31 elements per tensor (rmsnorm at hidden 4096, 2^19 + 3 rows: 4.3 GB
-    of bf16 per tensor) runs the int64 row kernel (the int32 one's offsets would wrap; compiled
-    on this first such call), and is
+    of bf16 per tensor) runs the int64 row kernel (the int32 one's offsets would wrap), and is
     right against float64 where a wrapped offset would land (the last rows), at the first rows,
-    in every row's rsigma, and in dgamma, which sums all of them."""
+    in every row's rsigma, and in dgamma, which sums all of them. From a fresh default-kernel
+    cache the int64 kernel is compiled on this first such call; from an entry built whole
+    (scripts/warm_cache.py's, which a lease's shards share) it is there at once."""
     import warnings
 
-    from tvmnorm.runtime import Registry, fits_int32
+    from tvmnorm.build import key_funcs
+    from tvmnorm.runtime import Registry, _cached_module, cache_dir, cache_entry, fits_int32
+    from tvmnorm.targets import target_name
     hidden, rows = 4096, (1 << 31) // 4096 + 3
     key = NormKey(stage=stage, hidden_size=hidden)
     part = "fwd" if stage == "fwd" else "dx"
-    # a cache of its own: the shared one of a lease's shards is seeded with entries that
-    # scripts/warm_cache.py built whole, which serve the int64 kernels at once
+    # a cache of its own, whatever the shared one of a lease's shards holds for this key
     monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
+    if cache == "warm":
+        _cached_module(cache_dir() / target_name("cuda") / f"{cache_entry(key)}.so", "cuda",
+                       lambda: key_funcs(key, "cuda"))
     reg = Registry()
     reg.set_library("cuda", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kernel = reg.get(key, "cuda")
-    # a fresh default-kernel cache leaves the int64 row kernels to the first call past int32
-    # offsets
-    assert kernel._wide is not None and part not in kernel._f
+    if cache == "fresh":
+        assert kernel._wide is not None and part not in kernel._f
+    else:
+        assert kernel._wide is None and part in kernel._f
     assert not fits_int32(rows, hidden) and kernel.parts_for(rows)[part] is kernel._f[part]
     assert kernel._wide is None
     assert kernel.parts_for(rows - 2048)[part] is not kernel._f[part]
