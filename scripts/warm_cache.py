@@ -42,14 +42,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     os.environ["TVMNORM_CACHE"] = str(pathlib.Path(args.out).resolve())
     from tvmnorm.build import X_LAYOUTS
-    from tvmnorm.runtime import cache_dir, cache_entry
+    from tvmnorm.runtime import cache_dir, cache_path
     from tvmnorm.targets import target_name
     layouts = args.layouts.split(",")
     if not set(layouts) <= set(X_LAYOUTS):
         p.error(f"--layouts: {args.layouts!r}; each one of {', '.join(X_LAYOUTS)}")
     out = cache_dir() / target_name(args.target)
     out.mkdir(parents=True, exist_ok=True)
-    entries = [(k, args.target, layout, out / f"{cache_entry(k, layout)}.so")
+    entries = [(k, args.target, layout, cache_path(k, args.target, layout))
                for k in keys_from_args(args) for layout in layouts]
     jobs = [e for e in entries if not e[-1].exists()]
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:

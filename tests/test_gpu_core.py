@@ -673,16 +673,14 @@ def test_cuda_call_past_int32_offsets_runs_the_int64_kernels(stage, cache, seed,
     import warnings
 
     from tvmnorm.build import key_funcs
-    from tvmnorm.runtime import Registry, _cached_module, cache_dir, cache_entry, fits_int32
-    from tvmnorm.targets import target_name
+    from tvmnorm.runtime import Registry, _cached_module, cache_path, fits_int32
     hidden, rows = 4096, (1 << 31) // 4096 + 3
     key = NormKey(stage=stage, hidden_size=hidden)
     part = "fwd" if stage == "fwd" else "dx"
     # a cache of its own, whatever the shared one of a lease's shards holds for this key
     monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
     if cache == "warm":
-        _cached_module(cache_dir() / target_name("cuda") / f"{cache_entry(key)}.so", "cuda",
-                       lambda: key_funcs(key, "cuda"))
+        _cached_module(cache_path(key, "cuda"), "cuda", lambda: key_funcs(key, "cuda"))
     reg = Registry()
     reg.set_library("cuda", None)
     with warnings.catch_warnings():

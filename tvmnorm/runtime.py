@@ -747,15 +747,14 @@ class Registry:
         if kind == "cuda":
             cuda_arch(fp8=key.fp8_out)  # a clear error, not nvcc's, where this GPU cannot run the key
         compact, tuned = layout == "compact", bool(record and record.get("parts"))
-        name = cache_entry(key, layout, record)
-        path = cache_dir() / target_name(kind) / f"{name}.so"
+        path = cache_path(key, kind, layout, record)
         # part -> symbol of the int64 row kernels left to compile_wide
         row = ({p: f"{key.name}_{p}" for p in NARROW_PARTS if p in parts_of(key, kind)} if kind == "cuda" else {})
         mod = _cached_module(path, kind, lambda: {s: f for s, f in key_funcs(key, kind, record, layout).items()
                                                   if s not in row.values()})
 
         def compile_wide():
-            wmod = _cached_module(path.with_name(f"{name}.wide.so"), kind,
+            wmod = _cached_module(path.with_suffix(".wide.so"), kind,
                                   lambda: scheduled_funcs(key, kind, record, parts=row, layout=layout))
             return {p: wmod[s] for p, s in row.items()}
         origin = "tuned" if tuned else "default"
@@ -772,6 +771,11 @@ def cache_entry(key: NormKey, layout: str = "compact", record: dict | None = Non
     never loads another's code."""
     name = key.name if layout == "compact" else f"{key.name}.{layout}"
     return name if record is None else f"{name}.{record_fingerprint(record)}"
+
+
+def cache_path(key: NormKey, kind: str, layout: str = "compact", record: dict | None = None) -> pathlib.Path:
+    """The file of a key's default-kernel cache entry (cache_entry) for ``kind``."""
+    return cache_dir() / target_name(kind) / f"{cache_entry(key, layout, record)}.so"
 
 
 def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None):
