@@ -48,7 +48,9 @@ if [ ! -f "$STATE/schedules/cuda-sm_90.json" ] && cp schedules/cuda-sm_90.json "
   [ -z "${RETUNE:-}" ] || python -m tvmnorm.tune due-again "$STATE/schedules/cuda-sm_90.json" "${keys[@]}"
 fi
 # the databases, records and library of this run, shared by the tune and its recovery
-run=(--target cuda "${keys[@]}" ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" --logs "$STATE/tuning_logs"
+# SEED: the search's seed (tvmnorm tune --seed, default 1): a retune seeded with its records
+# draws other candidates than the tune that found them
+run=(--target cuda "${keys[@]}" ${CHUNK_ROWS:+--chunk-rows "$CHUNK_ROWS"} --trials "${TRIALS:-32}" ${SEED:+--seed "$SEED"} --logs "$STATE/tuning_logs"
      --schedules "$STATE/schedules" --out "$STATE/lib" --layouts "${LAYOUTS:-compact}")  # the check and bench run compact x
 # the tune starts no batch with less than half its time left before TUNE_SECONDS less 30 s for
 # its library build, at the seconds a key has taken in this call or, before one has, KEY_SECONDS
