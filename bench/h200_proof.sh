@@ -13,6 +13,9 @@
 #   run 3, carry .device/b .device/proof:    bash bench/h200_proof.sh fp8-fp16
 #                                            (or FP8_S=230 ... fp8: the fp8 forward alone)
 #   run 4, carry .device/b .device/proof:    bash bench/h200_proof.sh decode
+#                                            (its deadline is 540 s after the part starts: give
+#                                            the call timeout_s 600; lease 77's 540 killed it on
+#                                            an H100, where the bench runs to that deadline)
 #
 # Each device part stays inside one 600 s call (DEADLINE_EPOCH stops bench/h200.sh's parts in
 # time) and leaves its bench/h200.sh output under $OUT/x/<part>, packed as $OUT/x.tgz with the
