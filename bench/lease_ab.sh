@@ -2,7 +2,7 @@
 # same machine: the library of the committed bf16 records of STAGES at HIDDEN ("old", built here) against the
 # retune's ($STATE/lib, "new"), timed old, new, new, old at 16384 tokens (tuned impl only), for
 # bench/results/h200-run51/ab_accept.py (on an H100 the only fair judge: the H200's timings in
-# h200-tuned.json would keep every committed record). Leases 52 and 67 ran it.
+# h200-tuned.json would keep every committed record). Leases 52, 67, 75 and 77 ran it.
 #   HIDDEN=4096,5120 bash bench/lease_ab.sh
 #   FP8=fp8e4m3 HIDDEN=128,1024 bash bench/lease_ab.sh    # the fp8-output forward (JOB=fwd_fp8)
 #   STAGES=bwd HIDDEN=2560,5120 NEW=/tmp/tvmnorm-tune-bwd/lib bash bench/lease_ab.sh   # JOB=bwd
