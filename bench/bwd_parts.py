@@ -23,7 +23,11 @@ times the committed record of each key (or --records FOLDER's) with its dx strea
 of those: whole call and dx alone (twice each, in turn), the whole call rotating over input sets,
 the search's static-row candidate under the same timer, and the tuner's measure of the same trace
 (tune.tuner_us, also without the partial sums and after a warm-up), to see why a candidate that
-won the tune loses in the library (bwd-stream-ab.json).
+won the tune loses in the library (bwd-stream-ab.json). With --record-t 40,48,96 it only times
+the committed record of each key (or --records FOLDER's) with its dx walking chunks of each T
+(tune.with_chunk_rows; the record's own T first): the dx alone and dx + finalize, each output
+checked against a float64 reference (bwd-record-t.json). T sets the dx's grid (16384 rows / T
+blocks of one chunk lane), which the tuner searches only at compute.norms.CUDA_CHUNK_ROWS.
 """
 from __future__ import annotations
 
@@ -229,13 +233,17 @@ def main():
     ap.add_argument("--stream-ab", default="", help="only the committed record of each backward key with its dx "
                     "stream mode made each of these, e.g. 0,1,3: whole call, dx alone and the tuner's measure "
                     "(bwd-stream-ab.json)")
-    ap.add_argument("--records", default=None, help="with --stream-ab, the schedules folder to take the records "
+    ap.add_argument("--record-t", default="", help="only the committed record of each backward key with its dx at "
+                    "chunks of these T besides its own, e.g. 40,48,96 (bwd-record-t.json)")
+    ap.add_argument("--records", default=None, help="with --stream-ab or --record-t, the schedules folder to take the records "
                     "from (default: the committed schedules/)")
     args = ap.parse_args()
     if args.small_rows:
         return small_main(args)
     if args.stream_ab:
         return stream_main(args)
+    if args.record_t:
+        return record_t_main(args)
     variants = splits(args.finalize)
     # THREADSxPREFETCHxSTAGES, then BITS (64), GROUP (1), MINB (1), FULL (0), CW (0) and SMEM (0) where not given
     fields = [[int(v) for v in c.split("x")] for c in args.dx.split(",") if c]
@@ -258,6 +266,71 @@ def main():
                   flush=True)
     meta = probe_meta(ceiling)
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
+
+
+def f64_bwd(norm: str, dy, x, stats, gamma) -> list:
+    """dx, dgamma (and layernorm's dbeta) in float64 from the inputs of a backward call with its
+    statistics given (layernorm's mu, rsigma; rmsnorm's rsigma), on the GPU."""
+    dy, x, gamma = dy.double(), x.double(), gamma.double()
+    rs = stats[-1].double()[:, None]
+    xhat = (x - stats[0].double()[:, None]) * rs if norm == "layernorm" else x * rs
+    g = dy * gamma
+    inner = g - xhat * (g * xhat).mean(1, keepdim=True)
+    if norm == "layernorm":
+        inner = inner - g.mean(1, keepdim=True)
+    return [rs * inner, (dy * xhat).sum(0)] + ([dy.sum(0)] if norm == "layernorm" else [])
+
+
+def record_at_t(norm: str, h: int, ts, records: dict, dtype: str = "bf16") -> dict:
+    """The committed record of a backward key with its dx at chunks of each T (its own first),
+    compiled here (the int32-row dx the library serves 16384 tokens with, and finalize), each
+    checked against float64 and timed as the dx alone and as dx + finalize."""
+    from tvmnorm.build import compile_funcs, key_funcs, narrow_prefix
+    from tvmnorm.tune import with_chunk_rows
+    key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
+    record = records.get(key.pack())
+    r = {"norm": norm, "dtype": dtype, "hidden": h, "T": {}}
+    if record is None or "dx" not in record.get("parts", {}):
+        r["skipped"] = "no record with a dx trace"
+        return r
+    rows = train_rows(h)
+    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h, dtype)
+    want = f64_bwd(norm, dy, x, stats, gamma)
+    own = record["rows_per_partial"]
+    r.update(rows=rows, own_T=own)
+    names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
+    for t in dict.fromkeys([own, *ts]):
+        funcs = key_funcs(key, "cuda", with_chunk_rows(record, t))
+        mod = compile_funcs({n: funcs[n] for n in names}, "cuda").mod
+        dx_f, fin = (mod[n] for n in names)
+        part = torch.full((s, partials(rows, key, "cuda", t), h), float("nan"), device="cuda")
+        got = [torch.full_like(x, float("nan"))] + [torch.full_like(gamma, float("nan")) for _ in range(s)]
+        dx_f(dy, x, *stats, gamma, got[0], part)
+        fin(part, *got[1:])
+        r["T"][t] = {"partials": part.shape[1], "rel_err": [rel_err([g], [w]) for g, w in zip(got, want)],
+                     "dx_us": probe_us(lambda: dx_f(dy, x, *stats, gamma, got[0], part)),
+                     "dx_finalize_us": probe_us(lambda: (dx_f(dy, x, *stats, gamma, got[0], part), fin(part, *got[1:])))}
+    return r
+
+
+def record_t_main(args):
+    from tvmnorm.tune import load_records
+    ts = [int(v) for v in args.record_t.split(",")]
+    records = load_records("cuda", args.records) if args.records else load_records("cuda")
+    ceiling = copy_roofline("cuda", probe_timer())["copy_gbps"]
+    print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
+    out = []
+    for norm in args.norms.split(","):
+        for h in (int(v) for v in args.hidden.split(",")):
+            r = record_at_t(norm, h, ts, records, args.dtype)
+            out.append(r)
+            size = 3 * r.get("rows", 0) * h * DTYPE_BYTES[args.dtype] / 1e3 / ceiling
+            print(f"{norm:9s} H={h:5d} record T {r.get('own_T')}: " + (r.get("skipped") or "".join(
+                f"\n  T={t:4d} P={v['partials']:5d} dx {v['dx_us']:6.1f} ({size / v['dx_us']:.3f})"
+                f"  dx+finalize {v['dx_finalize_us']:6.1f} ({size / v['dx_finalize_us']:.3f})"
+                f"  err {' '.join(f'{e:.1e}' for e in v['rel_err'])}" for t, v in r["T"].items())), flush=True)
+    pathlib.Path(args.out, "bwd-record-t.json").write_text(json.dumps({"meta": probe_meta(ceiling), "records": out},
+                                                                      indent=1))
 
 
 def stream_ab(norm: str, h: int, modes, records: dict, dtype: str = "bf16", sets: int = 4) -> dict:

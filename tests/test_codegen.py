@@ -1735,3 +1735,32 @@ def test_llvm_fp8_output_is_stored_as_bytes(stage):
     assert re.search(r"store <\d+ x i8> %\S+, ptr %\S+", ir) and "%y_bytes" in ir
     # fp8 e4m3 -> fp32 rebiases the exponent by (127 - 7) << 23 = 1006632960
     assert "1006632960" not in ir
+
+
+def test_with_chunk_rows_moves_a_backward_records_dx_to_another_t(bench_script):
+    """tune.with_chunk_rows (bench/bwd_parts.py --record-t): a committed backward record's dx
+    replays at chunks of another T, here one no tuner task has (48, and 42, which no prefetch
+    group divides), with only the row loop's split changed: its kernel carries the new T (what
+    the runtime sizes the partials by) and the record itself is left as it was. A record without
+    a dx, or whose first split is not by its T, is refused by name."""
+    from tvmnorm.build import chunk_rows_of
+    from tvmnorm.tune import load_records, with_chunk_rows
+    bench_script("bwd_parts")  # imports: the probe's --record-t path is importable on a CPU host
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=2560)
+    record = load_records("cuda")[key.pack()]
+    own = record["rows_per_partial"]
+    for t in (48, 42):
+        moved = with_chunk_rows(record, t)
+        assert moved["rows_per_partial"] == t
+        assert chunk_rows_of(scheduled_funcs(key, "cuda", moved, parts=["dx"])) == t
+        changed = [(a, b) for a, b in zip(record["parts"]["dx"][0], moved["parts"]["dx"][0]) if a != b]
+        assert changed == [(["Split", changed[0][0][1], [True, False], changed[0][0][3]],
+                            ["Split", changed[0][0][1][:2] + [t], [True, False], changed[0][0][3]])]
+        assert changed[0][0][1][2] == own
+    assert record == load_records("cuda")[key.pack()], "the committed record was changed in place"
+    with pytest.raises(ValueError, match="positive"):
+        with_chunk_rows(record, 0)
+    with pytest.raises(ValueError, match="not a backward record"):
+        with_chunk_rows(load_records("cuda")[NormKey(hidden_size=2560).pack()], 48)
+    with pytest.raises(ValueError, match="first split"):
+        with_chunk_rows({**record, "rows_per_partial": own + 1}, 48)

@@ -1095,6 +1095,28 @@ def with_stream(record: dict, mode: int, part: str = "fwd") -> dict:
     return record
 
 
+def with_chunk_rows(record: dict, t: int) -> dict:
+    """A copy of the backward ``record`` whose dx walks chunks of ``t`` rows instead of its
+    ``rows_per_partial``: the row loop's split by T is the first Split of the dx trace (the
+    schedule's first step, rows._chunk_rows), so only that factor and the record's T change.
+    T is not a decision of the design space (a compute constant: compute.norms.CUDA_CHUNK_ROWS
+    are the sizes tuned); this is for the probes (bench/bwd_parts.py --record-t) that time a
+    record at sizes the tuner does not try."""
+    import copy
+    if t < 1:
+        raise ValueError(f"chunk rows must be positive, got {t}")
+    own = record.get("rows_per_partial")
+    if "dx" not in record.get("parts", {}) or own is None:
+        raise ValueError(f"{record.get('key')}: not a backward record with a dx trace and its rows_per_partial")
+    record = copy.deepcopy(record)
+    split = next((i for i in record["parts"]["dx"][0] if i[0] == "Split"), None)
+    if split is None or split[1][2] != own:
+        raise ValueError(f"{record.get('key')}: the first split of its dx trace is not by its T = {own}")
+    split[1][2] = t
+    record["rows_per_partial"] = t
+    return record
+
+
 def dx_knob_annotation(knob: str) -> str:
     """The loop mark of _tvm that a record's trace carries CudaRowConfig's ``knob`` (one of
     sched.rows.DX_SUM_KNOBS) as."""
