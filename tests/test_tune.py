@@ -1612,3 +1612,48 @@ def test_tune_with_a_failed_batch_says_so_and_exits_nonzero(tmp_path, monkeypatc
     assert re.search(rf"tuned 1 keys in \d+ s.*; 1 of 2 failed \(above\) and stay due: {keys[0].name}", err), err
     saved = json.loads(next((tmp_path / "sch").glob("llvm-*.json")).read_text())["records"]
     assert {int(k, 16) for k in saved} == {keys[1].pack()}
+
+
+def test_sweep_chunk_rows_keeps_the_fastest_t_by_the_searchs_measure(capsys):
+    """tune.sweep_records (tvmnorm tune --sweep-chunk-rows): each CUDA backward record's dx is
+    timed at every SWEEP_CHUNK_ROWS T besides its own and keeps the fastest where it beats its
+    own by more than SWEEP_SLACK; the times go into the record, a size that fails is recorded as
+    such and the others still count, forward keys and keys without a record are passed over,
+    and the committed records are not changed in place."""
+    from tvmnorm.build import chunk_rows_of
+    from tvmnorm.tune import SWEEP_CHUNK_ROWS, SWEEP_SLACK, sweep_chunk_rows, sweep_records
+    records = load_records("cuda")
+    ln, rms = (NormKey(norm=n, stage="bwd", hidden_size=h) for n, h in (("layernorm", 2560), ("rmsnorm", 5120)))
+    before = json.dumps(records, sort_keys=True)
+    own = {k: records[k.pack()]["rows_per_partial"] for k in (ln, rms)}
+    # layernorm: 48 is 10% faster than its own T; rmsnorm: the best other is within the slack
+    table = {ln: {own[ln]: 100.0, 48: 90.0}, rms: {own[rms]: 100.0, 40: 100.0 * (1 - SWEEP_SLACK / 2)}}
+
+    def measure(key, record):
+        t = record["rows_per_partial"]
+        if t == 16:
+            raise RuntimeError("no such kernel")
+        return table[key].get(t, 150.0)
+
+    swept = sweep_records([ln, rms, NormKey(hidden_size=2560), NormKey(stage="bwd", hidden_size=12345)],
+                          records, "cuda", measure=measure)
+    assert set(swept) == {ln.pack(), rms.pack()}
+    assert swept[ln.pack()]["rows_per_partial"] == 48 and swept[ln.pack()]["run_us"]["dx"] == 90.0
+    assert chunk_rows_of(scheduled_funcs(ln, "cuda", swept[ln.pack()], parts=["dx"])) == 48
+    assert swept[rms.pack()]["rows_per_partial"] == own[rms]
+    sweep = swept[ln.pack()]["chunk_rows_sweep"]
+    assert set(sweep) == {str(t) for t in SWEEP_CHUNK_ROWS} | {str(own[ln])} and sweep["16"] is None
+    assert "T 64 -> 48" in capsys.readouterr().err
+    assert json.dumps(records, sort_keys=True) == before, "the committed records were changed in place"
+    assert sweep_records([ln], records, "cuda", measure=lambda k, r: 1 / 0) == {}
+    assert "kept T 64" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="its record.s own dx"):
+        sweep_chunk_rows(ln, records[ln.pack()], measure=lambda r: 1 / 0 if r["rows_per_partial"] == own[ln] else 1.0)
+    with pytest.raises(ValueError, match="for the CUDA backward"):
+        sweep_chunk_rows(ln, records[ln.pack()], "llvm", measure=lambda r: 1.0)
+
+
+def test_sweep_chunk_rows_is_refused_off_cuda(tmp_path):
+    r = tvmnorm("tune", "--target", "llvm", "--hidden", "384", "--dtypes", "fp32", "--stages", "bwd", "--norms",
+                "rmsnorm", "--schedules", str(tmp_path / "sch"), "--logs", str(tmp_path / "logs"), "--sweep-chunk-rows")
+    assert r.returncode != 0 and "--sweep-chunk-rows is for the CUDA backward" in r.stderr

@@ -317,6 +317,9 @@ def main(argv=None):
                    help="rows per dgamma partial (T) to tune the CUDA bwd kernel at, e.g. 16,32, or all "
                         "(default: the default rule's T for the key and its record's where that differs; "
                         "each T is its own task)")
+    p.add_argument("--sweep-chunk-rows", action="store_true",
+                   help="CUDA backward: after the search, replay each key's dx record at T = 16-96 (multiples of 8) "
+                        "and keep the T the search's own measure times fastest (more than 2%% faster than its own)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

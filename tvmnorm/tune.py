@@ -735,6 +735,8 @@ def tune_main(args, keys, out: pathlib.Path | None) -> None:
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
                          "candidates are timed on")
+    if getattr(args, "sweep_chunk_rows", False) and kind != "cuda":
+        raise SystemExit(f"--sweep-chunk-rows is for the CUDA backward (T sets its dx's grid); got --target {kind}")
     # a schedules file that does not parse stops the run before it leaves a trace (the lock's
     # files); the run reads it again under the lock
     records_or_stop(kind, args.schedules)
@@ -806,6 +808,9 @@ def _tune(args, keys, out: pathlib.Path | None) -> None:
         print(f"tuned {done} keys in {spent:.0f} s: {spent / len(todo):.1f} s per key"
               + (f"; {len(failed)} of {len(todo)} failed (above) and stay due: "
                  f"{', '.join(k.name for k in failed)}" if failed else ""), file=sys.stderr)
+    if getattr(args, "sweep_chunk_rows", False):
+        records.update(sweep_records([k for k in keys if k not in failed], records, kind))
+        save_records(kind, records, args.schedules)
     if out is not None:
         from .build import build_library
         build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
@@ -1115,6 +1120,72 @@ def with_chunk_rows(record: dict, t: int) -> dict:
     split[1][2] = t
     record["rows_per_partial"] = t
     return record
+
+
+# The chunk sizes T a CUDA backward record's dx is replayed at after its search
+# (sweep_chunk_rows). T is a compute constant, one search task per size, so the search itself
+# covers only CUDA_CHUNK_ROWS; but T also sets the dx's grid (16384 tokens / T blocks of one chunk
+# lane), and on an H100 (bench/results/h100-run80/) the committed records took 0.87-0.91x the
+# time of their own T at sizes between the powers of two: layernorm 2560 at 48 (342 blocks where
+# an SM holds 3: 0.86 waves, against 256 at 64), rmsnorm and layernorm 5120 at 40, while the
+# other widths stayed fastest at their own. Multiples of 8, so every prefetch group of the space
+# divides them.
+SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64, 96)
+# How much faster (the search's measure) another T must be to replace a record's own.
+SWEEP_SLACK = 0.02
+
+
+def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP_CHUNK_ROWS, measure=None,
+                     slack: float = SWEEP_SLACK) -> dict:
+    """``record`` (a CUDA backward record) with its dx at the T of ``sizes`` that the search's own
+    measure (tuner_us: the static-row candidate, cold calls, with the partial sums' cost, which
+    grows as T shrinks) times fastest, where that beats its own T by more than ``slack``; each
+    time goes into the record's ``chunk_rows_sweep`` (None where the replay failed to build or
+    run), and the winner's into ``run_us``. ``measure`` (record -> microseconds) replaces
+    tuner_us in tests."""
+    if kind != "cuda":
+        raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
+    measure = measure or (lambda r: tuner_us(key, r, "dx", kind))
+    own = record.get("rows_per_partial")
+    with_chunk_rows(record, own or 0)  # refuses a record without a dx trace and its T, by name
+    times = {}
+    for t in dict.fromkeys([own, *sizes]):
+        try:
+            times[t] = measure(with_chunk_rows(record, t))
+        except Exception as e:  # noqa: BLE001 - a size the trace cannot take; the others still count
+            times[t] = None
+            _say(f"{key.name}: dx at T = {t} failed: {type(e).__name__}: {str(e)[:200]}")
+    if times[own] is None:
+        raise RuntimeError(f"{key.name}: its record's own dx (T = {own}) failed to build or run")
+    best = min((us, t) for t, us in times.items() if us is not None)[1]
+    if times[best] >= times[own] * (1 - slack):
+        best = own
+    out = with_chunk_rows(record, best)
+    out["chunk_rows_sweep"] = {str(t): us for t, us in times.items()}
+    out["run_us"] = {**out.get("run_us", {}), "dx": times[best]}
+    return out
+
+
+def sweep_records(keys, records: dict, kind: str, measure=None) -> dict:
+    """sweep_chunk_rows over the CUDA backward keys of ``keys`` that have a record with a dx
+    trace: packed key -> the swept record (others, and those whose own T failed to time, are
+    left out), one line each."""
+    out = {}
+    for key in keys:
+        record = records.get(key.pack())
+        if key.stage not in ("bwd", "bwd_add") or not record or "dx" not in record.get("parts", {}):
+            continue
+        try:
+            swept = sweep_chunk_rows(key, record, kind, measure=None if measure is None else
+                                     (lambda r, key=key: measure(key, r)))
+        except RuntimeError as e:  # its own T could not be timed: nothing to compare, the record stays
+            _say(f"chunk sweep {key.name}: kept T {record['rows_per_partial']}: {e}")
+            continue
+        times = " ".join(f"{t}:{'-' if us is None else f'{us:.1f}'}" for t, us in swept["chunk_rows_sweep"].items())
+        print(f"chunk sweep {key.name}: T {record['rows_per_partial']} -> {swept['rows_per_partial']} "
+              f"(us by T {times})", file=sys.stderr)
+        out[key.pack()] = swept
+    return out
 
 
 def dx_knob_annotation(knob: str) -> str:
