@@ -1125,27 +1125,57 @@ def with_chunk_rows(record: dict, t: int) -> dict:
 # The chunk sizes T a CUDA backward record's dx is replayed at after its search
 # (sweep_chunk_rows). T is a compute constant, one search task per size, so the search itself
 # covers only CUDA_CHUNK_ROWS; but T also sets the dx's grid (16384 tokens / T blocks of one chunk
-# lane), and on an H100 (bench/results/h100-run80/) the committed records took 0.87-0.91x the
-# time of their own T at sizes between the powers of two: layernorm 2560 at 48 (342 blocks where
-# an SM holds 3: 0.86 waves, against 256 at 64), rmsnorm and layernorm 5120 at 40, while the
-# other widths stayed fastest at their own. Multiples of 8, so every prefetch group of the space
-# divides them.
+# lane), and on an H100 (bench/results/h100-run80/, h100-run82/) the whole backward call of
+# layernorm 2560 ran 0.95x the time at T = 48 (342 blocks where an SM holds 3: 0.86 waves, against
+# 256 at 64) and rmsnorm 5120's 0.90x at 40, while other widths stayed fastest at their own.
+# Multiples of 8, so every prefetch group of the space divides them.
 SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64, 96)
-# How much faster (the search's measure) another T must be to replace a record's own.
-SWEEP_SLACK = 0.02
+# How much faster another T must time to replace a record's own: the same kernel's whole call
+# moved 111.7-118.1 us between processes on one H100 (h100-run82), so less is noise.
+SWEEP_SLACK = 0.05
+
+
+def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
+    """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
+    backward call of ``rows`` (its training rows: the int32-row dx), compiled here and timed by
+    the bench's probe timer (triton's do_bench, the L2 flushed before each call) on fresh random
+    inputs. The search's own measure (tuner_us: the static-row candidate, cold calls under TVM's
+    time_evaluator) ranked T otherwise on an H100 (bench/results/h100-run81/): it kept layernorm
+    2560 at 64 (114.8 against 118.6 us at 48) and moved layernorm 5120 to 64, whose whole call then
+    ran 1.04x slower, so the sweep times what the library serves. Needs torch and a CUDA GPU."""
+    from .bench import probe_us, torch_dtype
+    from .build import compile_funcs, key_funcs, narrow_prefix
+    from .runtime import partials
+    from .shapes import train_rows
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError("the chunk-size sweep times the library's kernels through torch: pip install torch") from None
+    if key.stage != "bwd":
+        raise ValueError(f"the chunk-size sweep times the backward's dx and finalize; got stage {key.stage!r}")
+    h, rows = key.hidden_size, rows or train_rows(key.hidden_size)
+    names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
+    funcs = key_funcs(key, "cuda", record)
+    mod = compile_funcs({n: funcs[n] for n in names}, "cuda").mod
+    dx_f, finalize_f = (mod[n] for n in names)
+    dy, x = (torch.randn(rows, h, device="cuda").to(torch_dtype(key.itype)) for _ in range(2))
+    stats = ([torch.randn(rows, device="cuda")] if key.column_sums == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
+    gamma = torch.randn(h, device="cuda").to(torch_dtype(key.wtype))
+    dx, grads = torch.empty_like(x), [torch.empty_like(gamma) for _ in range(key.column_sums)]
+    part = torch.empty(key.column_sums, partials(rows, key, "cuda", record["rows_per_partial"]), h, device="cuda")
+    return probe_us(lambda: (dx_f(dy, x, *stats, gamma, dx, part), finalize_f(part, *grads)))
 
 
 def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP_CHUNK_ROWS, measure=None,
                      slack: float = SWEEP_SLACK) -> dict:
-    """``record`` (a CUDA backward record) with its dx at the T of ``sizes`` that the search's own
-    measure (tuner_us: the static-row candidate, cold calls, with the partial sums' cost, which
-    grows as T shrinks) times fastest, where that beats its own T by more than ``slack``; each
-    time goes into the record's ``chunk_rows_sweep`` (None where the replay failed to build or
-    run), and the winner's into ``run_us``. ``measure`` (record -> microseconds) replaces
-    tuner_us in tests."""
+    """``record`` (a CUDA backward record) with its dx at the T of ``sizes`` that dx_call_us
+    times fastest, where that beats its own T by more than ``slack``; each time goes into the
+    record's ``chunk_rows_sweep`` (None where the replay failed to build or run), and the
+    winner's into ``sweep_us``. ``measure`` (record -> microseconds) replaces dx_call_us in
+    tests."""
     if kind != "cuda":
         raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
-    measure = measure or (lambda r: tuner_us(key, r, "dx", kind))
+    measure = measure or (lambda r: dx_call_us(key, r))
     own = record.get("rows_per_partial")
     with_chunk_rows(record, own or 0)  # refuses a record without a dx trace and its T, by name
     times = {}
@@ -1162,7 +1192,6 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
         best = own
     out = with_chunk_rows(record, best)
     out["chunk_rows_sweep"] = {str(t): us for t, us in times.items()}
-    out["run_us"] = {**out.get("run_us", {}), "dx": times[best]}
     return out
 
 
@@ -1173,7 +1202,7 @@ def sweep_records(keys, records: dict, kind: str, measure=None) -> dict:
     out = {}
     for key in keys:
         record = records.get(key.pack())
-        if key.stage not in ("bwd", "bwd_add") or not record or "dx" not in record.get("parts", {}):
+        if key.stage != "bwd" or not record or "dx" not in record.get("parts", {}):
             continue
         try:
             swept = sweep_chunk_rows(key, record, kind, measure=None if measure is None else
