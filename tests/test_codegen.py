@@ -1739,7 +1739,7 @@ def test_llvm_fp8_output_is_stored_as_bytes(stage):
 
 def test_with_chunk_rows_moves_a_backward_records_dx_to_another_t(bench_script):
     """tune.with_chunk_rows (bench/bwd_parts.py --record-t): a committed backward record's dx
-    replays at chunks of another T, here one no tuner task has (48, and 42, which no prefetch
+    replays at chunks of another T, here one no tuner task has (56, and 42, which no prefetch
     group divides), with only the row loop's split changed: its kernel carries the new T (what
     the runtime sizes the partials by) and the record itself is left as it was. A record without
     a dx, or whose first split is not by its T, is refused by name."""
@@ -1749,7 +1749,7 @@ def test_with_chunk_rows_moves_a_backward_records_dx_to_another_t(bench_script):
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=2560)
     record = load_records("cuda")[key.pack()]
     own = record["rows_per_partial"]
-    for t in (48, 42):
+    for t in (56, 42):
         moved = with_chunk_rows(record, t)
         assert moved["rows_per_partial"] == t
         assert chunk_rows_of(scheduled_funcs(key, "cuda", moved, parts=["dx"])) == t
@@ -1761,6 +1761,6 @@ def test_with_chunk_rows_moves_a_backward_records_dx_to_another_t(bench_script):
     with pytest.raises(ValueError, match="positive"):
         with_chunk_rows(record, 0)
     with pytest.raises(ValueError, match="not a backward record"):
-        with_chunk_rows(load_records("cuda")[NormKey(hidden_size=2560).pack()], 48)
+        with_chunk_rows(load_records("cuda")[NormKey(hidden_size=2560).pack()], 56)
     with pytest.raises(ValueError, match="first split"):
-        with_chunk_rows({**record, "rows_per_partial": own + 1}, 48)
+        with_chunk_rows({**record, "rows_per_partial": own + 1}, 56)
