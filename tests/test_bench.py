@@ -629,3 +629,24 @@ def test_gpu_tests_collection_names_each_ids_library_fixtures(tmp_path):
                         "tuned_all_layouts_library": {"test_cuda_library_of_x_layouts"},
                         "pdl_library[library]": {"test_cuda_library_chains_under_programmatic_dependent_launch"},
                         "pdl_library[jit]": {"test_cuda_library_chains_under_programmatic_dependent_launch"}}
+
+
+def test_ab_table_lists_each_librarys_runs_in_order_and_the_ratio_of_the_fastest(tmp_path, bench_script, capsys):
+    """bench/ab_table.py: the interleaved A/B of the lease scripts (old new new old ...), runs
+    named LIB-I: times in run order (I sorted as a number, so run 10 comes after run 9), the
+    fastest of each library over the base's fastest, and a folder without runs says so."""
+    table = bench_script("ab_table")
+    times = {"old-0": 110.0, "new-1": 100.0, "new-2": 99.0, "old-9": 108.0, "new-10": 98.0}
+    for name, us in times.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"records": [
+            {"op": "rmsnorm_bwd", "hidden": 5120, "us": us, "frac": 0.5},
+            {"op": "layernorm_bwd", "hidden": 2560, "us": 2 * us, "frac": 0.4}]}))
+    rows = table.ab_rows(tmp_path)
+    assert [(op, h) for op, h, _ in rows] == [("layernorm_bwd", 2560), ("rmsnorm_bwd", 5120)]
+    assert [us for us, _ in rows[1][2]["new"]] == [100.0, 99.0, 98.0]
+    assert [us for us, _ in rows[1][2]["old"]] == [110.0, 108.0]
+    table.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "rmsnorm_bwd 5120  new 100.0/99.0/98.0  old 110.0/108.0  new/old 0.907" in out
+    with pytest.raises(SystemExit, match="no runs"):
+        table.ab_rows(tmp_path / "empty")

@@ -28,14 +28,5 @@ for r in old new new old old new; do
     --dtypes bf16 --hidden "$H" --rows train --impls tvmnorm_tuned --out "$X/ab" --name $r-$i --no-plots > /dev/null 2>&1
   el "$r-$i $?"; i=$((i + 1))
 done
-python - "$X/ab" <<'PY'
-import json, sys, pathlib, collections
-t = collections.defaultdict(lambda: collections.defaultdict(list))
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json"), key=lambda p: int(p.stem.split("-")[1])):
-    for x in json.load(open(f))["records"]:
-        t[(x["op"], x["hidden"])][f.stem.split("-")[0]].append((x["us"], x["frac"]))
-for k, v in sorted(t.items()):
-    print(k, "  ".join(f"{n} " + "/".join(f"{u:.1f}" for u, _ in us) for n, us in sorted(v.items())),
-          "  new/old %.3f" % (min(v["new"])[0] / min(v["old"])[0]), " frac old %.3f new %.3f" % (max(f for _, f in v["old"]), max(f for _, f in v["new"])))
-PY
+python bench/ab_table.py "$X/ab"
 rm -f "$X/ab"/*.csv
