@@ -1105,8 +1105,8 @@ def with_chunk_rows(record: dict, t: int) -> dict:
     ``rows_per_partial``: the row loop's split by T is the first Split of the dx trace (the
     schedule's first step, rows._chunk_rows), so only that factor and the record's T change.
     T is not a decision of the design space (a compute constant: compute.norms.CUDA_CHUNK_ROWS
-    are the sizes tuned); this is for the probes (bench/bwd_parts.py --record-t) that time a
-    record at sizes the tuner does not try."""
+    are the sizes searched); the chunk-size sweep (sweep_chunk_rows) and the probes
+    (bench/bwd_parts.py --record-t) time a record at sizes the search does not try with it."""
     import copy
     if t < 1:
         raise ValueError(f"chunk rows must be positive, got {t}")
@@ -1170,9 +1170,9 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
                      slack: float = SWEEP_SLACK) -> dict:
     """``record`` (a CUDA backward record) with its dx at the T of ``sizes`` that dx_call_us
     times fastest, where that beats its own T by more than ``slack``; each time goes into the
-    record's ``chunk_rows_sweep`` (None where the replay failed to build or run), and the
-    winner's into ``sweep_us``. ``measure`` (record -> microseconds) replaces dx_call_us in
-    tests."""
+    record's ``chunk_rows_sweep`` (None where the replay failed to build or run; its ``run_us``
+    stays the search's measure of the trace it tuned). ``measure`` (record -> microseconds)
+    replaces dx_call_us in tests."""
     if kind != "cuda":
         raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
     measure = measure or (lambda r: dx_call_us(key, r))
