@@ -285,8 +285,7 @@ def record_at_t(norm: str, h: int, ts, records: dict, dtype: str = "bf16") -> di
     """The committed record of a backward key with its dx at chunks of each T (its own first),
     compiled here (the int32-row dx the library serves 16384 tokens with, and finalize), each
     checked against float64 and timed as the dx alone and as dx + finalize."""
-    from tvmnorm.build import compile_funcs, key_funcs, narrow_prefix
-    from tvmnorm.tune import with_chunk_rows
+    from tvmnorm.tune import dx_finalize_kernels, with_chunk_rows
     key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
     record = records.get(key.pack())
     r = {"norm": norm, "dtype": dtype, "hidden": h, "T": {}}
@@ -298,11 +297,8 @@ def record_at_t(norm: str, h: int, ts, records: dict, dtype: str = "bf16") -> di
     want = f64_bwd(norm, dy, x, stats, gamma)
     own = record["rows_per_partial"]
     r.update(rows=rows, own_T=own)
-    names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
     for t in dict.fromkeys([own, *ts]):
-        funcs = key_funcs(key, "cuda", with_chunk_rows(record, t))
-        mod = compile_funcs({n: funcs[n] for n in names}, "cuda").mod
-        dx_f, fin = (mod[n] for n in names)
+        dx_f, fin = dx_finalize_kernels(key, with_chunk_rows(record, t))
         part = torch.full((s, partials(rows, key, "cuda", t), h), float("nan"), device="cuda")
         got = [torch.full_like(x, float("nan"))] + [torch.full_like(gamma, float("nan")) for _ in range(s)]
         dx_f(dy, x, *stats, gamma, got[0], part)

@@ -1660,3 +1660,17 @@ def test_sweep_chunk_rows_is_refused_off_cuda(tmp_path):
     r = tvmnorm("tune", "--target", "llvm", "--hidden", "384", "--dtypes", "fp32", "--stages", "bwd", "--norms",
                 "rmsnorm", "--schedules", str(tmp_path / "sch"), "--logs", str(tmp_path / "logs"), "--sweep-chunk-rows")
     assert r.returncode != 0 and "--sweep-chunk-rows is for the CUDA backward" in r.stderr
+
+
+def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone():
+    """tune.dx_finalize_kernels (what the chunk sweep and bench/bwd_parts.py --record-t time):
+    the narrow dx and finalize of a record at another T, compiled by themselves; dx_call_us
+    times the plain backward only and says so."""
+    from tvmnorm.tune import dx_call_us, dx_finalize_kernels, with_chunk_rows
+    key = NormKey(norm="layernorm", stage="bwd", hidden_size=2560)
+    with pytest.raises(ValueError, match="backward's dx and finalize; got stage 'bwd_add'"):
+        dx_call_us(NormKey(norm="layernorm", stage="bwd_add", hidden_size=2560), {})
+    if not has_nvcc():
+        pytest.skip("nvcc not on PATH")
+    record = load_records("cuda")[key.pack()]
+    assert len(dx_finalize_kernels(key, with_chunk_rows(record, 40))) == 2

@@ -1135,6 +1135,16 @@ SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64, 96)
 SWEEP_SLACK = 0.05
 
 
+def dx_finalize_kernels(key: NormKey, record: dict) -> tuple:
+    """(dx, finalize) of ``record`` as a CUDA library serves a call within int32 offsets (the
+    narrow dx), compiled here alone: what a probe of the backward's GPU time needs of it."""
+    from .build import compile_funcs, key_funcs, narrow_prefix
+    names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
+    funcs = key_funcs(key, "cuda", record)
+    mod = compile_funcs({n: funcs[n] for n in names}, "cuda").mod
+    return tuple(mod[n] for n in names)
+
+
 def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
     backward call of ``rows`` (its training rows: the int32-row dx), compiled here and timed by
@@ -1144,7 +1154,6 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     2560 at 64 (114.8 against 118.6 us at 48) and moved layernorm 5120 to 64, whose whole call then
     ran 1.04x slower, so the sweep times what the library serves. Needs torch and a CUDA GPU."""
     from .bench import probe_us, torch_dtype
-    from .build import compile_funcs, key_funcs, narrow_prefix
     from .runtime import partials
     from .shapes import train_rows
     try:
@@ -1154,10 +1163,7 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     if key.stage != "bwd":
         raise ValueError(f"the chunk-size sweep times the backward's dx and finalize; got stage {key.stage!r}")
     h, rows = key.hidden_size, rows or train_rows(key.hidden_size)
-    names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
-    funcs = key_funcs(key, "cuda", record)
-    mod = compile_funcs({n: funcs[n] for n in names}, "cuda").mod
-    dx_f, finalize_f = (mod[n] for n in names)
+    dx_f, finalize_f = dx_finalize_kernels(key, record)
     dy, x = (torch.randn(rows, h, device="cuda").to(torch_dtype(key.itype)) for _ in range(2))
     stats = ([torch.randn(rows, device="cuda")] if key.column_sums == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
     gamma = torch.randn(h, device="cuda").to(torch_dtype(key.wtype))
