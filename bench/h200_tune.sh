@@ -63,7 +63,7 @@ if [ "${TUNE_SECONDS:-420}" -lt 90 ]; then
   echo "!! TUNE_SECONDS=${TUNE_SECONDS} leaves under a minute of tuning after the 30 s kept for the library build" | tee "$OUT/tune.log"
   exit 1
 fi
-# SWEEP=1: after the search, each backward record's dx timed at T = 16-96 (tvmnorm tune
+# SWEEP=1: after the search, each backward record's dx timed at T = 16-64 (tvmnorm tune
 # --sweep-chunk-rows, ~20 s a key on an H100, not counted by --time-limit: leave it room; a sweep
 # cut by the timeout keeps the searched records, and the recovery below builds them)
 timeout "${TUNE_SECONDS:-420}" python -m tvmnorm tune "${run[@]}" --batch "${BATCH:-16}" \

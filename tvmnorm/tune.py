@@ -1108,8 +1108,12 @@ def with_chunk_rows(record: dict, t: int) -> dict:
     are the sizes searched); the chunk-size sweep (sweep_chunk_rows) and the probes
     (bench/bwd_parts.py --record-t) time a record at sizes the search does not try with it."""
     import copy
-    if t < 1:
-        raise ValueError(f"chunk rows must be positive, got {t}")
+    from .compute.norms import CUDA_CHUNK_ROWS
+    # a dx block walks at most 16 chunks of T rows, which the int32-row kernels' slack past the
+    # last row (runtime._NARROW_SLACK_ROWS) covers for T up to the longest tuned chunk only
+    if not 1 <= t <= max(CUDA_CHUNK_ROWS):
+        raise ValueError(f"chunk rows must be 1..{max(CUDA_CHUNK_ROWS)} (the int32-row kernels' index slack "
+                         f"covers no longer chunks), got {t}")
     own = record.get("rows_per_partial")
     if "dx" not in record.get("parts", {}) or own is None:
         raise ValueError(f"{record.get('key')}: not a backward record with a dx trace and its rows_per_partial")
@@ -1128,8 +1132,9 @@ def with_chunk_rows(record: dict, t: int) -> dict:
 # lane), and on an H100 (bench/results/h100-run80/, h100-run82/) the whole backward call of
 # layernorm 2560 ran 0.95x the time at T = 48 (342 blocks where an SM holds 3: 0.86 waves, against
 # 256 at 64) and rmsnorm 5120's 0.90x at 40, while other widths stayed fastest at their own.
-# Multiples of 8, so every prefetch group of the space divides them.
-SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64, 96)
+# Multiples of 8, so every prefetch group of the space divides them, up to the longest tuned
+# chunk (with_chunk_rows: the int32-row kernels' index slack); 96 never won (h100-run80/81/83).
+SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64)
 # How much faster another T must time to replace a record's own: the same kernel's whole call
 # moved 111.7-118.1 us between processes on one H100 (h100-run82), so less is noise.
 SWEEP_SLACK = 0.05
