@@ -268,23 +268,12 @@ def main():
     pathlib.Path(args.out, "bwd-parts.json").write_text(json.dumps({"meta": meta, "records": out}, indent=1))
 
 
-def f64_bwd(norm: str, dy, x, stats, gamma) -> list:
-    """dx, dgamma (and layernorm's dbeta) in float64 from the inputs of a backward call with its
-    statistics given (layernorm's mu, rsigma; rmsnorm's rsigma), on the GPU."""
-    dy, x, gamma = dy.double(), x.double(), gamma.double()
-    rs = stats[-1].double()[:, None]
-    xhat = (x - stats[0].double()[:, None]) * rs if norm == "layernorm" else x * rs
-    g = dy * gamma
-    inner = g - xhat * (g * xhat).mean(1, keepdim=True)
-    if norm == "layernorm":
-        inner = inner - g.mean(1, keepdim=True)
-    return [rs * inner, (dy * xhat).sum(0)] + ([dy.sum(0)] if norm == "layernorm" else [])
-
-
 def record_at_t(norm: str, h: int, ts, records: dict, dtype: str = "bf16") -> dict:
     """The committed record of a backward key with its dx at chunks of each T (its own first),
     compiled here (the int32-row dx the library serves 16384 tokens with, and finalize), each
-    checked against float64 and timed as the dx alone and as dx + finalize."""
+    checked against gpu_check's float64 reference on its inputs (statistics of x as the forward
+    saves them) and timed as the dx alone and as dx + finalize."""
+    from gpu_check import make_inputs, reference  # bench/, beside this script
     from tvmnorm.tune import dx_finalize_kernels, with_chunk_rows
     key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
     record = records.get(key.pack())
@@ -292,9 +281,12 @@ def record_at_t(norm: str, h: int, ts, records: dict, dtype: str = "bf16") -> di
     if record is None or "dx" not in record.get("parts", {}):
         r["skipped"] = "no record with a dx trace"
         return r
-    rows = train_rows(h)
-    dy, x, stats, gamma, s = bwd_inputs(norm, rows, h, dtype)
-    want = f64_bwd(norm, dy, x, stats, gamma)
+    rows, s = train_rows(h), key.column_sums
+    inputs = make_inputs(key, rows, "cuda", 1e-5)
+    dy, x, gamma = inputs["dy"], inputs["x"], inputs["gamma"]
+    stats = [inputs["mu"], inputs["rsigma"]] if s == 2 else [inputs["rsigma"]]
+    ref = reference(key, inputs, 1e-5)
+    want = [ref[n] for n in ("dx", "dgamma", "dbeta")[:1 + s]]
     own = record["rows_per_partial"]
     r.update(rows=rows, own_T=own)
     for t in dict.fromkeys([own, *ts]):

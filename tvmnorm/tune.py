@@ -1111,12 +1111,12 @@ def with_chunk_rows(record: dict, t: int) -> dict:
     from .compute.norms import CUDA_CHUNK_ROWS
     # a dx block walks at most 16 chunks of T rows, which the int32-row kernels' slack past the
     # last row (runtime._NARROW_SLACK_ROWS) covers for T up to the longest tuned chunk only
-    if not 1 <= t <= max(CUDA_CHUNK_ROWS):
-        raise ValueError(f"chunk rows must be 1..{max(CUDA_CHUNK_ROWS)} (the int32-row kernels' index slack "
-                         f"covers no longer chunks), got {t}")
     own = record.get("rows_per_partial")
     if "dx" not in record.get("parts", {}) or own is None:
         raise ValueError(f"{record.get('key')}: not a backward record with a dx trace and its rows_per_partial")
+    if not 1 <= t <= max(CUDA_CHUNK_ROWS):
+        raise ValueError(f"chunk rows must be 1..{max(CUDA_CHUNK_ROWS)} (the int32-row kernels' index slack "
+                         f"covers no longer chunks), got {t}")
     record = copy.deepcopy(record)
     split = next((i for i in record["parts"]["dx"][0] if i[0] == "Split"), None)
     if split is None or split[1][2] != own:
@@ -1188,7 +1188,7 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
         raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
     measure = measure or (lambda r: dx_call_us(key, r))
     own = record.get("rows_per_partial")
-    with_chunk_rows(record, own or 0)  # refuses a record without a dx trace and its T, by name
+    with_chunk_rows(record, own)  # refuses a record without a dx trace and its T, by name
     times = {}
     for t in dict.fromkeys([own, *sizes]):
         try:
