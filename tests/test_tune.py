@@ -1614,7 +1614,7 @@ def test_tune_with_a_failed_batch_says_so_and_exits_nonzero(tmp_path, monkeypatc
     assert {int(k, 16) for k in saved} == {keys[1].pack()}
 
 
-def test_sweep_chunk_rows_keeps_the_fastest_t_by_the_searchs_measure(capsys):
+def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
     """tune.sweep_records (tvmnorm tune --sweep-chunk-rows): each CUDA backward record's dx is
     timed at every SWEEP_CHUNK_ROWS T besides its own and keeps the fastest where it beats its
     own by more than SWEEP_SLACK; the times go into the record, a size that fails is recorded as
