@@ -37,7 +37,7 @@ import pathlib
 import torch
 
 from tvmnorm import NormKey
-from tvmnorm.bench import copy_roofline, probe_meta, probe_parser, probe_timer, probe_us, torch_dtype
+from tvmnorm.bench import backward_inputs, copy_roofline, probe_meta, probe_parser, probe_timer, probe_us
 from tvmnorm.compute.norms import combined_partials
 from tvmnorm.key import DTYPE_BYTES
 from tvmnorm.runtime import REGISTRY, partials
@@ -105,13 +105,10 @@ def rel_err(got, want) -> float:
 
 
 def bwd_inputs(norm: str, rows: int, h: int, dtype: str = "bf16") -> tuple:
-    """Fresh ``dtype`` dy, x and gamma and fp32 statistics (layernorm's mu, then rsigma) for a
-    backward call, and the number of per-column sums (dgamma, and layernorm's dbeta)."""
-    s = NormKey(norm=norm).column_sums
-    dt = torch_dtype(dtype)
-    dy, x = (torch.randn(rows, h, device="cuda").to(dt) for _ in range(2))
-    stats = ([torch.randn(rows, device="cuda")] if s == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-    return dy, x, stats, torch.randn(h, device="cuda").to(dt), s
+    """backward_inputs of the ``dtype`` backward key, and its number of per-column sums (dgamma,
+    and layernorm's dbeta)."""
+    key = NormKey(norm=norm, stage="bwd", itype=dtype, wtype=dtype, otype=dtype, hidden_size=h)
+    return (*backward_inputs(key, rows), key.column_sums)
 
 
 def measure(norm: str, h: int, ceiling: float, variants=(), dx_points=(), chunk_rows=(), dtype: str = "bf16") -> dict:

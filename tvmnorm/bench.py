@@ -647,6 +647,18 @@ def probe_us(fn) -> float:
     return probe_timer()([fn])[0]
 
 
+def backward_inputs(key, rows: int) -> tuple:
+    """Fresh random inputs of one CUDA backward call of ``key`` (a NormKey) at ``rows``: dy and x
+    in its itype, its fp32 statistics as a list (layernorm's mu, then rsigma, kept away from zero)
+    and gamma in its wtype, for the probes that time the library's parts (tune.dx_call_us,
+    bench/bwd_parts.py)."""
+    torch = _torch()
+    h = key.hidden_size
+    dy, x = (torch.randn(rows, h, device="cuda").to(torch_dtype(key.itype)) for _ in range(2))
+    stats = ([torch.randn(rows, device="cuda")] if key.column_sums == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
+    return dy, x, stats, torch.randn(h, device="cuda").to(torch_dtype(key.wtype))
+
+
 def probe_meta(copy_gbps: float) -> dict:
     """What a GPU probe script (bench/gpu_probe.py, bench/bwd_parts.py) records beside its
     numbers: the device, the versions, the kernel sources' hash (it names the tree: a device

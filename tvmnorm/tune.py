@@ -1158,7 +1158,7 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     time_evaluator) ranked T otherwise on an H100 (bench/results/h100-run81/): it kept layernorm
     2560 at 64 (114.8 against 118.6 us at 48) and moved layernorm 5120 to 64, whose whole call then
     ran 1.04x slower, so the sweep times what the library serves. Needs torch and a CUDA GPU."""
-    from .bench import probe_us, torch_dtype
+    from .bench import backward_inputs, probe_us
     from .runtime import partials
     from .shapes import train_rows
     try:
@@ -1169,9 +1169,7 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
         raise ValueError(f"the chunk-size sweep times the backward's dx and finalize; got stage {key.stage!r}")
     h, rows = key.hidden_size, rows or train_rows(key.hidden_size)
     dx_f, finalize_f = dx_finalize_kernels(key, record)
-    dy, x = (torch.randn(rows, h, device="cuda").to(torch_dtype(key.itype)) for _ in range(2))
-    stats = ([torch.randn(rows, device="cuda")] if key.column_sums == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-    gamma = torch.randn(h, device="cuda").to(torch_dtype(key.wtype))
+    dy, x, stats, gamma = backward_inputs(key, rows)
     dx, grads = torch.empty_like(x), [torch.empty_like(gamma) for _ in range(key.column_sums)]
     part = torch.empty(key.column_sums, partials(rows, key, "cuda", record["rows_per_partial"]), h, device="cuda")
     return probe_us(lambda: (dx_f(dy, x, *stats, gamma, dx, part), finalize_f(part, *grads)))
