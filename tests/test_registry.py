@@ -998,6 +998,13 @@ def test_llvm_kernel_refuses_misaligned_arrays(rng):
         kernel(x.clone(), torch.ones(1025)[1:], y, rs)
     with pytest.raises(ValueError, match="y's data pointer"):
         kernel(x.clone(), w, torch.empty(64 * 1024 + 4)[4:].view(64, 1024), rs)
+    # numpy arrays have no data_ptr, a TVM tensor its own: their pointers are read too
+    xn = np.zeros(64 * 1024 + 1, np.float32)[1:].reshape(64, 1024)
+    with pytest.raises(ValueError, match=r"x's data pointer 0x[0-9a-f]+ is not 64-byte aligned"):
+        kernel(xn, w.numpy(), y.numpy(), rs.numpy())
+    import tvm_ffi
+    with pytest.raises(ValueError, match="gamma's data pointer"):
+        kernel(x.clone(), tvm_ffi.from_dlpack(torch.ones(1025)[1:]), y, rs)
     kernel(x.clone(), w, y, rs)
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (1024,), w, 1e-6))
     wide = torch.from_numpy(rng.standard_normal((64, 1024 + 3)).astype(np.float32))
