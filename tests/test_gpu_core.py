@@ -973,18 +973,21 @@ def check_x_layout(kernel, key, layout, rows, rng, seed):
 def test_backward_inputs_and_dx_call_us_on_the_gpu():
     """bench.backward_inputs (the inputs tune.dx_call_us and bench/bwd_parts.py time): dy and x
     in the key's itype, gamma in its wtype, layernorm's mu and rsigma (rsigma positive) in fp32,
-    all on the GPU and fresh each call; dx_call_us times a committed record's dx and finalize."""
+    bwd_add's dz beside them, all on the GPU and fresh each call; dx_call_us times a committed
+    backward's and backward-with-add's dx and finalize."""
     import math
     from tvmnorm.bench import backward_inputs
     from tvmnorm.tune import dx_call_us, load_records
     key = NormKey(norm="layernorm", stage="bwd", itype="fp16", otype="fp16", wtype="bf16", hidden_size=1000)
-    dy, x, stats, gamma = backward_inputs(key, 37)
-    assert (dy.shape, x.shape, gamma.shape) == ((37, 1000), (37, 1000), (1000,))
+    dy, x, stats, gamma, adds = backward_inputs(key, 37)
+    assert (dy.shape, x.shape, gamma.shape, adds) == ((37, 1000), (37, 1000), (1000,), [])
     assert (dy.dtype, x.dtype, gamma.dtype) == (torch.float16, torch.float16, torch.bfloat16)
     assert [s.dtype for s in stats] == [torch.float32] * 2 and bool((stats[1] > 0).all())
     assert all(t.is_cuda for t in (dy, x, gamma, *stats))
     assert not torch.equal(x, backward_inputs(key, 37)[1])
-    assert len(backward_inputs(NormKey(norm="rmsnorm", stage="bwd", hidden_size=64), 3)[2]) == 1
-    rms = NormKey(norm="rmsnorm", stage="bwd", hidden_size=1024)
-    us = dx_call_us(rms, load_records("cuda")[rms.pack()], rows=4096)
-    assert math.isfinite(us) and 0 < us < 10_000
+    _, _, stats, _, (dz,) = backward_inputs(NormKey(norm="rmsnorm", stage="bwd_add", hidden_size=64), 3)
+    assert len(stats) == 1 and (dz.shape, dz.dtype, dz.is_cuda) == ((3, 64), torch.bfloat16, True)
+    for stage in ("bwd", "bwd_add"):
+        rms = NormKey(norm="rmsnorm", stage=stage, hidden_size=1024)
+        us = dx_call_us(rms, load_records("cuda")[rms.pack()], rows=4096)
+        assert math.isfinite(us) and 0 < us < 10_000, (stage, us)

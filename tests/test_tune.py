@@ -1615,8 +1615,8 @@ def test_tune_with_a_failed_batch_says_so_and_exits_nonzero(tmp_path, monkeypatc
 
 
 def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
-    """tune.sweep_records (tvmnorm tune --sweep-chunk-rows): each CUDA backward record's dx is
-    timed at every SWEEP_CHUNK_ROWS T besides its own and keeps the fastest where it beats its
+    """tune.sweep_records (tvmnorm tune --sweep-chunk-rows): each CUDA backward (and
+    backward-with-add) record's dx is timed at every SWEEP_CHUNK_ROWS T besides its own and keeps the fastest where it beats its
     own by more than SWEEP_SLACK; the times go into the record, a size that fails is recorded as
     such and the others still count, forward keys and keys without a record are passed over,
     and the committed records are not changed in place."""
@@ -1624,12 +1624,14 @@ def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
     from tvmnorm.tune import SWEEP_CHUNK_ROWS, SWEEP_SLACK, sweep_chunk_rows, sweep_records
     records = load_records("cuda")
     ln, rms = (NormKey(norm=n, stage="bwd", hidden_size=h) for n, h in (("layernorm", 2560), ("rmsnorm", 5120)))
+    add = NormKey(stage="bwd_add", hidden_size=2560)
     before = json.dumps(records, sort_keys=True)
-    own = {k: records[k.pack()]["rows_per_partial"] for k in (ln, rms)}
+    own = {k: records[k.pack()]["rows_per_partial"] for k in (ln, rms, add)}
     # layernorm: another T is 10% faster than its own; rmsnorm: the best other is within the slack
     fast = next(t for t in (56, 24) if t != own[ln])
     near = next(t for t in (24, 56) if t != own[rms])
-    table = {ln: {own[ln]: 100.0, fast: 90.0}, rms: {own[rms]: 100.0, near: 100.0 * (1 - SWEEP_SLACK / 2)}}
+    table = {ln: {own[ln]: 100.0, fast: 90.0}, rms: {own[rms]: 100.0, near: 100.0 * (1 - SWEEP_SLACK / 2)},
+             add: {own[add]: 100.0, 40: 80.0}}
 
     def measure(key, record):
         t = record["rows_per_partial"]
@@ -1637,10 +1639,12 @@ def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
             raise RuntimeError("no such kernel")
         return table[key].get(t, 150.0)
 
-    swept = sweep_records([ln, rms, NormKey(hidden_size=2560), NormKey(stage="bwd_add", hidden_size=2560),
+    swept = sweep_records([ln, rms, NormKey(hidden_size=2560), NormKey(stage="fwd_add", hidden_size=2560), add,
                            NormKey(stage="bwd", hidden_size=12345)],
                           records, "cuda", measure=measure)
-    assert set(swept) == {ln.pack(), rms.pack()}
+    assert set(swept) == {ln.pack(), rms.pack(), add.pack()}
+    assert swept[add.pack()]["rows_per_partial"] == 40
+    assert chunk_rows_of(scheduled_funcs(add, "cuda", swept[add.pack()], parts=["dx"])) == 40
     assert swept[ln.pack()]["rows_per_partial"] == fast
     assert chunk_rows_of(scheduled_funcs(ln, "cuda", swept[ln.pack()], parts=["dx"])) == fast
     assert swept[rms.pack()]["rows_per_partial"] == own[rms]
@@ -1664,13 +1668,13 @@ def test_sweep_chunk_rows_is_refused_off_cuda(tmp_path):
 
 def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone():
     """tune.dx_finalize_kernels (what the chunk sweep and bench/bwd_parts.py --record-t time):
-    the narrow dx and finalize of a record at another T, compiled by themselves; dx_call_us
-    times the plain backward only and says so."""
+    the narrow dx and finalize of a record at another T, compiled by themselves, a backward's
+    and a backward-with-add's; dx_call_us times backward stages only and says so."""
     from tvmnorm.tune import dx_call_us, dx_finalize_kernels, with_chunk_rows
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=2560)
-    with pytest.raises(ValueError, match="backward's dx and finalize; got stage 'bwd_add'"):
-        dx_call_us(NormKey(norm="layernorm", stage="bwd_add", hidden_size=2560), {})
+    with pytest.raises(ValueError, match="backward's dx and finalize; got stage 'fwd_add'"):
+        dx_call_us(NormKey(norm="layernorm", stage="fwd_add", hidden_size=2560), {})
     if not has_nvcc():
         pytest.skip("nvcc not on PATH")
-    record = load_records("cuda")[key.pack()]
-    assert len(dx_finalize_kernels(key, with_chunk_rows(record, 40))) == 2
+    for k in (key, NormKey(stage="bwd_add", hidden_size=2560)):
+        assert len(dx_finalize_kernels(k, with_chunk_rows(load_records("cuda")[k.pack()], 40))) == 2

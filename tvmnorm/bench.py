@@ -648,15 +648,18 @@ def probe_us(fn) -> float:
 
 
 def backward_inputs(key, rows: int) -> tuple:
-    """Fresh random inputs of one CUDA backward call of ``key`` (a NormKey) at ``rows``: dy and x
-    in its itype, its fp32 statistics as a list (layernorm's mu, then rsigma, kept away from zero)
-    and gamma in its wtype, for the probes that time the library's parts (tune.dx_call_us,
+    """Fresh random inputs of one CUDA backward call of ``key`` (a NormKey, stage bwd or
+    bwd_add) at ``rows``: (dy, x, stats, gamma, adds), dy and x in its itype, its fp32 statistics
+    as a list (layernorm's mu, then rsigma, kept away from zero), gamma in its wtype, and the
+    list of what its dx kernel takes after gamma (bwd_add's dz, the residual stream's gradient;
+    none for bwd), for the probes that time the library's parts (tune.dx_call_us,
     bench/bwd_parts.py)."""
     torch = _torch()
     h = key.hidden_size
-    dy, x = (torch.randn(rows, h, device="cuda").to(torch_dtype(key.itype)) for _ in range(2))
+    dy, x, *adds = (torch.randn(rows, h, device="cuda").to(torch_dtype(key.itype))
+                    for _ in range(3 if key.stage == "bwd_add" else 2))
     stats = ([torch.randn(rows, device="cuda")] if key.column_sums == 2 else []) + [torch.rand(rows, device="cuda") + 0.5]
-    return dy, x, stats, torch.randn(h, device="cuda").to(torch_dtype(key.wtype))
+    return dy, x, stats, torch.randn(h, device="cuda").to(torch_dtype(key.wtype)), adds
 
 
 def probe_meta(copy_gbps: float) -> dict:

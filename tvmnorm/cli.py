@@ -318,7 +318,7 @@ def main(argv=None):
                         "(default: the default rule's T for the key and its record's where that differs; "
                         "each T is its own task)")
     p.add_argument("--sweep-chunk-rows", action="store_true",
-                   help="CUDA backward: after the search, time each key's dx record and finalize at T = 16-64 "
+                   help="CUDA backward and backward-with-add: after the search, time each key's dx record and finalize at T = 16-64 "
                         "(multiples of 8; needs torch) and keep the fastest T where it is over 5%% faster than its own")
     p.set_defaults(func=cmd_tune)
 

@@ -1152,7 +1152,7 @@ def dx_finalize_kernels(key: NormKey, record: dict) -> tuple:
 
 def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
-    backward call of ``rows`` (its training rows: the int32-row dx), compiled here and timed by
+    backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx), compiled here and timed by
     the bench's probe timer (triton's do_bench, the L2 flushed before each call) on fresh random
     inputs. The search's own measure (tuner_us: the static-row candidate, cold calls under TVM's
     time_evaluator) ranked T otherwise on an H100 (bench/results/h100-run81/): it kept layernorm
@@ -1165,14 +1165,14 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
         import torch
     except ImportError:
         raise RuntimeError("the chunk-size sweep times the library's kernels through torch: pip install torch") from None
-    if key.stage != "bwd":
+    if key.forward:
         raise ValueError(f"the chunk-size sweep times the backward's dx and finalize; got stage {key.stage!r}")
     h, rows = key.hidden_size, rows or train_rows(key.hidden_size)
     dx_f, finalize_f = dx_finalize_kernels(key, record)
-    dy, x, stats, gamma = backward_inputs(key, rows)
+    dy, x, stats, gamma, adds = backward_inputs(key, rows)
     dx, grads = torch.empty_like(x), [torch.empty_like(gamma) for _ in range(key.column_sums)]
     part = torch.empty(key.column_sums, partials(rows, key, "cuda", record["rows_per_partial"]), h, device="cuda")
-    return probe_us(lambda: (dx_f(dy, x, *stats, gamma, dx, part), finalize_f(part, *grads)))
+    return probe_us(lambda: (dx_f(dy, x, *stats, gamma, *adds, dx, part), finalize_f(part, *grads)))
 
 
 def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP_CHUNK_ROWS, measure=None,
@@ -1205,13 +1205,13 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
 
 
 def sweep_records(keys, records: dict, kind: str, measure=None) -> dict:
-    """sweep_chunk_rows over the CUDA backward keys of ``keys`` that have a record with a dx
-    trace: packed key -> the swept record (others, and those whose own T failed to time, are
+    """sweep_chunk_rows over the CUDA backward and backward-with-add keys of ``keys`` that have
+    a record with a dx trace: packed key -> the swept record (others, and those whose own T failed to time, are
     left out), one line each."""
     out = {}
     for key in keys:
         record = records.get(key.pack())
-        if key.stage != "bwd" or not record or "dx" not in record.get("parts", {}):
+        if key.forward or not record or "dx" not in record.get("parts", {}):
             continue
         try:
             swept = sweep_chunk_rows(key, record, kind, measure=None if measure is None else
