@@ -1,18 +1,17 @@
-# For a later lease, one call after the staging call, on any GPU (carry .device/b, .device/proof,
-# .device/next; ~400 s for 6 keys): `tvmnorm tune --sweep-chunk-rows` over the committed backward
+# For a later lease, one call after the staging call, on any GPU (carry .device/b, .device/next;
+# ~450 s for 6 keys): `tvmnorm tune --sweep-chunk-rows` over the committed backward
 # records of NORMS x HIDDEN x DTYPES x STAGES (bwd, or bwd_add, or both; no search), then, for the keys whose T it moved, the swept
-# library float64-checked and timed against the committed records' (the proof library) in
-# interleaved whole calls, old new new old old new (bench/ab_table.py): a T moves into schedules/
+# library float64-checked and timed against the committed records' (built here for the same
+# keys: the proof library holds no bwd_add) in interleaved whole calls, old new new old old new (bench/ab_table.py): a T moves into schedules/
 # only where the A/B agrees (lease 83: one sweep alone cannot see 5-10% on an H100).
 #   NORMS=layernorm HIDDEN=896,1024,1536,3584,7168,8192 bash .device/next/l85.sh
 #   STAGES=bwd_add HIDDEN=2560,5120 bash .device/next/l85.sh
 source bench/lease_env.sh || exit 1
-export TVMNORM_CACHE=/tmp/tvmnorm-cache OLD=/tmp/tvmnorm-lib-proof NEW=/tmp/lib-swept
+export TVMNORM_CACHE=/tmp/tvmnorm-cache OLD=/tmp/lib-committed NEW=/tmp/lib-swept
 norms=${NORMS:-rmsnorm,layernorm} hidden=${HIDDEN:?"HIDDEN: the widths to sweep, e.g. 896,1024"} dtypes=${DTYPES:-bf16} stages=${STAGES:-bwd}
-if [ ! -f "$OLD/manifest.json" ]; then
-  mkdir -p "$OLD" && tar xJf .device/proof/lib.txz -C "$OLD" --strip-components=1 || exit 1
-fi
 el "$(nvidia-smi --query-gpu=name --format=csv,noheader)"
+timeout 150 python -m tvmnorm build --target cuda --norms "$norms" --hidden "$hidden" --stages "$stages" --dtypes "$dtypes" \
+  --tuned-only --layouts compact --out "$OLD" > "$X/build-old.log" 2>&1; el "build committed $?"
 mkdir -p /tmp/sched-swept && cp schedules/cuda-sm_90.json /tmp/sched-swept/
 timeout ${SWEEP_SECONDS:-300} python -m tvmnorm tune --target cuda --norms "$norms" --stages "$stages" --dtypes "$dtypes" \
   --hidden "$hidden" --trials 1 --sweep-chunk-rows --schedules /tmp/sched-swept --logs /tmp/tl --out "$NEW" \
