@@ -1666,6 +1666,20 @@ def test_sweep_chunk_rows_is_refused_off_cuda(tmp_path):
     assert r.returncode != 0 and "--sweep-chunk-rows is for the CUDA backward" in r.stderr
 
 
+def test_sweep_chunk_rows_is_refused_before_the_search_without_a_gpu(tmp_path):
+    """Without a CUDA device torch can run kernels on, --sweep-chunk-rows stops before the search
+    (which would compile every T and then keep each for want of a GPU), saying why, and leaves
+    no tuning logs."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the sweep can run")
+    r = tvmnorm("tune", "--target", "cuda", "--hidden", "2560", "--dtypes", "bf16", "--stages", "bwd_add", "--norms",
+                "rmsnorm", "--trials", "1", "--schedules", str(tmp_path / "sch"), "--logs", str(tmp_path / "logs"),
+                "--sweep-chunk-rows")
+    assert r.returncode != 0 and "times the kernels on a CUDA GPU through torch: torch sees no CUDA device" in r.stderr
+    assert not (tmp_path / "logs").exists()
+
+
 def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone():
     """tune.dx_finalize_kernels (what the chunk sweep and bench/bwd_parts.py --record-t time):
     the narrow dx and finalize of a record at another T, compiled by themselves, a backward's

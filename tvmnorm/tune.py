@@ -729,14 +729,29 @@ def run_lock(*paths):
         yield
 
 
+def _torch_cuda_missing() -> str:
+    """Why torch cannot run CUDA kernels here ("" where it can)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install torch)"
+    return "" if torch.cuda.is_available() else "torch sees no CUDA device (torch.cuda.is_available() is False)"
+
+
 def tune_main(args, keys, out: pathlib.Path | None) -> None:
     """Tunes ``keys`` under the run lock, then builds the library at ``out`` (None: no build)."""
     kind = args.target
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
                          "candidates are timed on")
-    if getattr(args, "sweep_chunk_rows", False) and kind != "cuda":
-        raise SystemExit(f"--sweep-chunk-rows is for the CUDA backward (T sets its dx's grid); got --target {kind}")
+    if getattr(args, "sweep_chunk_rows", False):
+        if kind != "cuda":
+            raise SystemExit(f"--sweep-chunk-rows is for the CUDA backward (T sets its dx's grid); got --target {kind}")
+        # before the search, not after it: the sweep would compile every T and then keep each T
+        # for want of a GPU to time it on
+        missing = _torch_cuda_missing()
+        if missing:
+            raise SystemExit(f"--sweep-chunk-rows times the kernels on a CUDA GPU through torch: {missing}")
     # a schedules file that does not parse stops the run before it leaves a trace (the lock's
     # files); the run reads it again under the lock
     records_or_stop(kind, args.schedules)
