@@ -1,0 +1,35 @@
+# For a later lease, one call after the staging call, on any GPU (carry .device/b, .device/next;
+# ~450 s for 6 keys): `tvmnorm tune --sweep-chunk-rows` over the committed backward
+# records of NORMS x HIDDEN x DTYPES x STAGES (bwd, or bwd_add, or both; no search), then, for the keys whose T it moved, the swept
+# library float64-checked and timed against the committed records' (built here for the same
+# keys: the proof library holds no bwd_add) in interleaved whole calls, old new new old old new (bench/ab_table.py): a T moves into schedules/
+# only where the A/B agrees (lease 83: one sweep alone cannot see 5-10% on an H100).
+#   NORMS=layernorm HIDDEN=896,1024,1536,3584,7168,8192 bash .device/next/l85.sh
+#   STAGES=bwd_add HIDDEN=2560,5120 bash .device/next/l85.sh
+source bench/lease_env.sh || exit 1
+export TVMNORM_CACHE=/tmp/tvmnorm-cache OLD=/tmp/lib-committed NEW=/tmp/lib-swept
+norms=${NORMS:-rmsnorm,layernorm} hidden=${HIDDEN:?"HIDDEN: the widths to sweep, e.g. 896,1024"} dtypes=${DTYPES:-bf16} stages=${STAGES:-bwd}
+el "$(nvidia-smi --query-gpu=name --format=csv,noheader)"
+timeout 150 python -m tvmnorm build --target cuda --norms "$norms" --hidden "$hidden" --stages "$stages" --dtypes "$dtypes" \
+  --tuned-only --layouts compact --out "$OLD" > "$X/build-old.log" 2>&1; el "build committed $?"
+mkdir -p /tmp/sched-swept && cp schedules/cuda-sm_90.json /tmp/sched-swept/
+timeout ${SWEEP_SECONDS:-300} python -m tvmnorm tune --target cuda --norms "$norms" --stages "$stages" --dtypes "$dtypes" \
+  --hidden "$hidden" --trials 1 --sweep-chunk-rows --schedules /tmp/sched-swept --logs /tmp/tl --out "$NEW" \
+  --layouts compact > "$X/sweep.log" 2>&1
+el "sweep rc $?"; grep -E "chunk sweep|failed|Error" "$X/sweep.log" | cut -c1-300
+python - "$X/sweep.json" <<'PY'
+import json, sys
+from tvmnorm.tune import read_records
+out = {r["key"]: {"rows_per_partial": r["rows_per_partial"], "chunk_rows_sweep": r["chunk_rows_sweep"]}
+       for r in read_records("/tmp/sched-swept/cuda-sm_90.json").values() if "chunk_rows_sweep" in r}
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+PY
+TVMNORM_LIBRARY=$NEW timeout 100 python bench/gpu_check.py --tuned --out "$X" > "$X/check.log" 2>&1; el "check rc $?"; tail -2 "$X/check.log"
+i=0
+for r in old new new old old new; do
+  lib=$([ $r = old ] && echo "$OLD" || echo "$NEW")
+  TVMNORM_LIBRARY=$lib timeout 50 python -m tvmnorm.bench --target cuda --ops "$(for n in ${norms//,/ }; do for s in ${stages//,/ }; do echo "${n}_$s"; done; done | paste -sd,)" \
+    --dtypes "$dtypes" --hidden "$hidden" --rows train --impls tvmnorm_tuned --out "$X/ab" --name $r-$i --no-plots > /dev/null 2>&1
+  el "$r-$i $?"; i=$((i + 1))
+done
+python bench/ab_table.py "$X/ab"; rm -f "$X/ab"/*.csv
