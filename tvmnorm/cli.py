@@ -318,8 +318,9 @@ def main(argv=None):
                         "(default: the default rule's T for the key and its record's where that differs; "
                         "each T is its own task)")
     p.add_argument("--sweep-chunk-rows", action="store_true",
-                   help="CUDA backward and backward-with-add: after the search, time each key's dx record and finalize at T = 16-64 "
-                        "(multiples of 8; needs torch) and keep the fastest T where it is over 5%% faster than its own")
+                   help="CUDA backward and backward-with-add: after the search, time each key's dx record and "
+                        "finalize at T = 16-64 (multiples of 8; needs torch and a CUDA GPU) and keep the fastest T "
+                        "where it is over 5%% faster than its own")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

@@ -1167,9 +1167,9 @@ def dx_finalize_kernels(key: NormKey, record: dict) -> tuple:
 
 def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
-    backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx), compiled here and timed by
-    the bench's probe timer (triton's do_bench, the L2 flushed before each call) on fresh random
-    inputs. The search's own measure (tuner_us: the static-row candidate, cold calls under TVM's
+    backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx),
+    compiled here and timed by the bench's probe timer (triton's do_bench, the L2 flushed before
+    each call) on fresh random inputs. The search's own measure (tuner_us: the static-row candidate, cold calls under TVM's
     time_evaluator) ranked T otherwise on an H100 (bench/results/h100-run81/): it kept layernorm
     2560 at 64 (114.8 against 118.6 us at 48) and moved layernorm 5120 to 64, whose whole call then
     ran 1.04x slower, so the sweep times what the library serves. Needs torch and a CUDA GPU."""
@@ -1221,8 +1221,8 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
 
 def sweep_records(keys, records: dict, kind: str, measure=None) -> dict:
     """sweep_chunk_rows over the CUDA backward and backward-with-add keys of ``keys`` that have
-    a record with a dx trace: packed key -> the swept record (others, and those whose own T failed to time, are
-    left out), one line each."""
+    a record with a dx trace: packed key -> the swept record (others, and those whose own T
+    failed to time, are left out), one line each."""
     out = {}
     for key in keys:
         record = records.get(key.pack())
