@@ -1680,15 +1680,22 @@ def test_sweep_chunk_rows_is_refused_before_the_search_without_a_gpu(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
-def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone():
+def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone(monkeypatch):
     """tune.dx_finalize_kernels (what the chunk sweep and bench/bwd_parts.py --record-t time):
-    the narrow dx and finalize of a record at another T, compiled by themselves, a backward's
-    and a backward-with-add's; dx_call_us times backward stages only and says so."""
+    the narrow dx and finalize of a record at another T, compiled by themselves as a library's
+    kernels are (nvcc, not NVRTC), a backward's and a backward-with-add's; dx_call_us times
+    backward stages only and says so."""
     from tvmnorm.tune import dx_call_us, dx_finalize_kernels, with_chunk_rows
     key = NormKey(norm="layernorm", stage="bwd", hidden_size=2560)
     with pytest.raises(ValueError, match="backward's dx and finalize; got stage 'fwd_add'"):
         dx_call_us(NormKey(norm="layernorm", stage="fwd_add", hidden_size=2560), {})
     if not has_nvcc():
         pytest.skip("nvcc not on PATH")
+    import tvmnorm.cuda_aot as cuda_aot
+    built, build = [], cuda_aot.build_cuda_library
+    monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
+                        build(funcs, *a, **kw))
     for k in (key, NormKey(stage="bwd_add", hidden_size=2560)):
         assert len(dx_finalize_kernels(k, with_chunk_rows(load_records("cuda")[k.pack()], 40))) == 2
+    assert built == [sorted([f"{narrow_prefix(k)}_dx", f"{k.name}_finalize"])
+                     for k in (key, NormKey(stage="bwd_add", hidden_size=2560))]

@@ -1157,11 +1157,21 @@ SWEEP_SLACK = 0.05
 
 def dx_finalize_kernels(key: NormKey, record: dict) -> tuple:
     """(dx, finalize) of ``record`` as a CUDA library serves a call within int32 offsets (the
-    narrow dx), compiled here alone: what a probe of the backward's GPU time needs of it."""
-    from .build import compile_funcs, key_funcs, narrow_prefix
+    narrow dx), compiled here alone by the library's own path (cuda_aot: nvcc -O3, and on sm_90
+    finalize launched with programmatic dependent launch after dx), not TVM's NVRTC build: what
+    a probe of the backward's GPU time needs of it. On an H100 (bench/results/h100-run84/) the
+    NVRTC pair of rmsnorm bwd_add 2560 timed 7 us apart at T = 32 and 64 where the library's whole
+    calls were 16 us apart."""
+    from ._tvm import load_module
+    from .build import key_funcs, narrow_prefix
+    from .cuda_aot import build_cuda_library
+    from .targets import arch_of
     names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
     funcs = key_funcs(key, "cuda", record)
-    mod = compile_funcs({n: funcs[n] for n in names}, "cuda").mod
+    with tempfile.TemporaryDirectory(prefix="tvmnorm-dx-") as work:
+        so = pathlib.Path(work) / "dx.so"
+        build_cuda_library({n: funcs[n] for n in names}, arch_of("cuda", None), so, work, jobs=1)
+        mod = load_module(str(so))  # mapped: the file may go with its folder
     return tuple(mod[n] for n in names)
 
 
