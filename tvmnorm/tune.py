@@ -1178,11 +1178,12 @@ def dx_finalize_kernels(key: NormKey, record: dict) -> tuple:
 def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
     backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx),
-    compiled here and timed by the bench's probe timer (triton's do_bench, the L2 flushed before
-    each call) on fresh random inputs. The search's own measure (tuner_us: the static-row candidate, cold calls under TVM's
-    time_evaluator) ranked T otherwise on an H100 (bench/results/h100-run81/): it kept layernorm
-    2560 at 64 (114.8 against 118.6 us at 48) and moved layernorm 5120 to 64, whose whole call then
-    ran 1.04x slower, so the sweep times what the library serves. Needs torch and a CUDA GPU."""
+    compiled here (dx_finalize_kernels) and timed by the bench's probe timer (triton's do_bench,
+    the L2 flushed before each call) on fresh random inputs. The search's own measure (tuner_us:
+    the static-row candidate, cold calls under TVM's time_evaluator) ranked T otherwise on an
+    H100 (bench/results/h100-run81/): it kept layernorm 2560 at 64 (114.8 against 118.6 us at 48)
+    and moved layernorm 5120 to 64, whose whole call then ran 1.04x slower, so the sweep times
+    what the library serves. Needs torch and a CUDA GPU."""
     from .bench import backward_inputs, probe_us
     from .runtime import partials
     from .shapes import train_rows
@@ -1202,11 +1203,11 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
 
 def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP_CHUNK_ROWS, measure=None,
                      slack: float = SWEEP_SLACK) -> dict:
-    """``record`` (a CUDA backward record) with its dx at the T of ``sizes`` that dx_call_us
-    times fastest, where that beats its own T by more than ``slack``; each time goes into the
-    record's ``chunk_rows_sweep`` (None where the replay failed to build or run; its ``run_us``
-    stays the search's measure of the trace it tuned). ``measure`` (record -> microseconds)
-    replaces dx_call_us in tests."""
+    """``record`` (a CUDA backward or backward-with-add record) with its dx at the T of ``sizes``
+    that dx_call_us times fastest, where that beats its own T by more than ``slack``; each time
+    goes into the record's ``chunk_rows_sweep`` (None where the replay failed to build or run; its
+    ``run_us`` stays the search's measure of the trace it tuned). ``measure`` (record ->
+    microseconds) replaces dx_call_us in tests."""
     if kind != "cuda":
         raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
     measure = measure or (lambda r: dx_call_us(key, r))
