@@ -1,7 +1,7 @@
 """The table of an interleaved A/B of libraries: `tvmnorm.bench` runs named LIB-I (I the run's
 place in the order, e.g. old-0 new-1 new-2 old-3) in one folder, one row per (op, hidden) with
-each library's times in run order, the fastest new over the fastest old, and each side's best
-frac of copy.
+each library's times in run order ("untimed" where its runs have none), the fastest new over
+the fastest old, and each side's best frac of copy.
 
     python bench/ab_table.py FOLDER [--base old]
 """
@@ -19,7 +19,9 @@ def ab_rows(folder) -> list:
     cases = collections.defaultdict(lambda: collections.defaultdict(list))
     for f in runs:
         for r in json.loads(f.read_text())["records"]:
-            cases[(r["op"], r["hidden"])][f.stem.rsplit("-", 1)[0]].append((r["us"], r.get("frac")))
+            runs_of = cases[(r["op"], r["hidden"])][f.stem.rsplit("-", 1)[0]]
+            if r.get("us") is not None:  # None: the run could not time it (its library missing, say)
+                runs_of.append((r["us"], r.get("frac")))
     if not cases:
         raise SystemExit(f"no runs named LIB-I.json in {folder}")
     return [(op, h, dict(libs)) for (op, h), libs in sorted(cases.items())]
@@ -31,7 +33,9 @@ def main(argv=None):
     ap.add_argument("--base", default="old", help="the library the others are compared with")
     args = ap.parse_args(argv)
     for op, h, libs in ab_rows(args.folder):
-        times = "  ".join(f"{lib} " + "/".join(f"{us:.1f}" for us, _ in v) for lib, v in sorted(libs.items()))
+        times = "  ".join(f"{lib} " + ("/".join(f"{us:.1f}" for us, _ in v) or "untimed")
+                          for lib, v in sorted(libs.items()))
+        libs = {lib: v for lib, v in libs.items() if v}
         base = libs.get(args.base)
         ratios = "".join(f"  {lib}/{args.base} {min(v)[0] / min(base)[0]:.3f}" for lib, v in sorted(libs.items())
                          if base and lib != args.base)

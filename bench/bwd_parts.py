@@ -286,8 +286,11 @@ def record_at_t(norm: str, h: int, ts, records: dict, dtype: str = "bf16") -> di
     want = [ref[n] for n in ("dx", "dgamma", "dbeta")[:1 + s]]
     own = record["rows_per_partial"]
     r.update(rows=rows, own_T=own)
-    for t in dict.fromkeys([own, *ts]):
-        dx_f, fin = dx_finalize_kernels(key, with_chunk_rows(record, t))
+    sizes = list(dict.fromkeys([own, *ts]))
+    for t, pair in zip(sizes, dx_finalize_kernels(key, [with_chunk_rows(record, t) for t in sizes])):
+        if isinstance(pair, Exception):
+            raise pair
+        dx_f, fin = pair
         part = torch.full((s, partials(rows, key, "cuda", t), h), float("nan"), device="cuda")
         got = [torch.full_like(x, float("nan"))] + [torch.full_like(gamma, float("nan")) for _ in range(s)]
         dx_f(dy, x, *stats, gamma, got[0], part)

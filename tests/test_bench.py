@@ -634,7 +634,8 @@ def test_gpu_tests_collection_names_each_ids_library_fixtures(tmp_path):
 def test_ab_table_lists_each_librarys_runs_in_order_and_the_ratio_of_the_fastest(tmp_path, bench_script, capsys):
     """bench/ab_table.py: the interleaved A/B of the lease scripts (old new new old ...), runs
     named LIB-I: times in run order (I sorted as a number, so run 10 comes after run 9), the
-    fastest of each library over the base's fastest, and a folder without runs says so."""
+    fastest of each library over the base's fastest, a library that timed nothing as untimed, and
+    a folder without runs says so."""
     table = bench_script("ab_table")
     times = {"old-0": 110.0, "new-1": 100.0, "new-2": 99.0, "old-9": 108.0, "new-10": 98.0}
     for name, us in times.items():
@@ -648,5 +649,13 @@ def test_ab_table_lists_each_librarys_runs_in_order_and_the_ratio_of_the_fastest
     table.main([str(tmp_path)])
     out = capsys.readouterr().out
     assert "rmsnorm_bwd 5120  new 100.0/99.0/98.0  old 110.0/108.0  new/old 0.907" in out
+    # a library whose runs timed nothing (lease 85: its build was cut off) is listed as untimed,
+    # not a crash, and has no ratio
+    for name in ("new-1", "new-2", "new-10"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"records": [
+            {"op": "rmsnorm_bwd", "hidden": 5120, "us": None, "frac": None}]}))
+    table.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "rmsnorm_bwd 5120  new untimed  old 110.0/108.0  frac old 0.500\n" in out
     with pytest.raises(SystemExit, match="no runs"):
         table.ab_rows(tmp_path / "empty")

@@ -1639,10 +1639,18 @@ def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
             raise RuntimeError("no such kernel")
         return table[key].get(t, 150.0)
 
+    saved = []
     swept = sweep_records([ln, rms, NormKey(hidden_size=2560), NormKey(stage="fwd_add", hidden_size=2560), add,
                            NormKey(stage="bwd", hidden_size=12345)],
-                          records, "cuda", measure=measure)
+                          records, "cuda", measure=measure, save=lambda out: saved.append(sorted(out)))
     assert set(swept) == {ln.pack(), rms.pack(), add.pack()}
+    # saved after each key swept, so that a sweep cut off keeps what it timed
+    assert saved == [sorted([ln.pack()]), sorted([ln.pack(), rms.pack()]), sorted([ln.pack(), rms.pack(), add.pack()])]
+    # and, run again over what it saved, passes over the keys swept already (a resume)
+    timed = []
+    again = sweep_records([ln, rms, add], {**records, ln.pack(): swept[ln.pack()]}, "cuda",
+                          measure=lambda k, r: timed.append(k) or measure(k, r))
+    assert set(again) == {rms.pack(), add.pack()} and ln not in timed
     assert swept[add.pack()]["rows_per_partial"] == 40
     assert chunk_rows_of(scheduled_funcs(add, "cuda", swept[add.pack()], parts=["dx"])) == 40
     assert swept[ln.pack()]["rows_per_partial"] == fast
@@ -1650,7 +1658,8 @@ def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
     assert swept[rms.pack()]["rows_per_partial"] == own[rms]
     sweep = swept[ln.pack()]["chunk_rows_sweep"]
     assert set(sweep) == {str(t) for t in SWEEP_CHUNK_ROWS} | {str(own[ln])} and sweep["16"] is None
-    assert f"T {own[ln]} -> {fast}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"T {own[ln]} -> {fast}" in err and f"chunk sweep {ln.name}: swept already (T {fast})" in err
     assert json.dumps(records, sort_keys=True) == before, "the committed records were changed in place"
     assert sweep_records([ln], records, "cuda", measure=lambda k, r: 1 / 0) == {}
     assert f"kept T {own[ln]}" in capsys.readouterr().err
@@ -1696,6 +1705,76 @@ def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone(monkeypatch
     monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
                         build(funcs, *a, **kw))
     for k in (key, NormKey(stage="bwd_add", hidden_size=2560)):
-        assert len(dx_finalize_kernels(k, with_chunk_rows(load_records("cuda")[k.pack()], 40))) == 2
-    assert built == [sorted([f"{narrow_prefix(k)}_dx", f"{k.name}_finalize"])
+        pairs = dx_finalize_kernels(k, [with_chunk_rows(load_records("cuda")[k.pack()], 40)])
+        assert len(pairs) == 1 and len(pairs[0]) == 2
+    assert built == [sorted([f"r0_{narrow_prefix(k)}_dx", f"r0_{k.name}_finalize"])
                      for k in (key, NormKey(stage="bwd_add", hidden_size=2560))]
+
+
+def test_dx_finalize_kernels_build_a_sweeps_records_together(monkeypatch):
+    """The chunk sweep's records (one key at several T) compile into one library (nvcc's units in
+    parallel, not a build per T), each record's pair under its own symbols; a record whose trace
+    does not replay gets its exception in its place; where the joint library fails to build,
+    each record is built alone, so one bad record costs only itself."""
+    from tvmnorm.tune import dx_finalize_kernels, with_chunk_rows
+    if not has_nvcc():
+        pytest.skip("nvcc not on PATH")
+    import tvmnorm.cuda_aot as cuda_aot
+    key = NormKey(stage="bwd_add", hidden_size=2560)
+    record = load_records("cuda")[key.pack()]
+    broken = dict(record, parts={"dx": [[["NoSuchInstruction", []]]]})
+    built, build = [], cuda_aot.build_cuda_library
+    monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
+                        build(funcs, *a, **kw))
+    pairs = dx_finalize_kernels(key, [with_chunk_rows(record, 24), broken, with_chunk_rows(record, 48)])
+    assert len(built) == 1 and [n.split("_")[0] for n in built[0]] == ["r0", "r0", "r2", "r2"]
+    assert isinstance(pairs[1], Exception) and all(len(pairs[i]) == 2 for i in (0, 2))
+    assert pairs[0][0] is not pairs[2][0]
+
+    def fail_for_the_third(funcs, *a, **kw):  # the joint build fails, and then the third record's alone
+        built.append(sorted(funcs))
+        if len(built) in (1, 4):
+            raise RuntimeError("nvcc failed")
+        return build(funcs, *a, **kw)
+    built.clear()
+    monkeypatch.setattr(cuda_aot, "build_cuda_library", fail_for_the_third)
+    pairs = dx_finalize_kernels(key, [with_chunk_rows(record, t) for t in (24, 32, 40)])
+    assert len(built) == 4, "the joint build, then each record alone"
+    assert [type(p).__name__ for p in pairs] == ["tuple", "tuple", "RuntimeError"]
+
+
+def test_a_sweep_cut_off_keeps_the_keys_it_swept_and_resumes_past_them(tmp_path, monkeypatch, capsys):
+    """tvmnorm tune --sweep-chunk-rows writes each key's swept record as it goes: cut off after
+    the first key (a lease's call limit killed lease 85's sweeps before any record was written),
+    the schedules file holds that key's sweep, and the run again times only the keys after it."""
+    import argparse
+    import shutil
+    from tvmnorm import tune
+    keys = [NormKey(norm=n, stage="bwd", hidden_size=2560) for n in ("rmsnorm", "layernorm")]
+    sch = tmp_path / "sch"
+    sch.mkdir()
+    shutil.copy(tune.schedules_path("cuda"), sch)
+    monkeypatch.setattr(tune, "_torch_cuda_missing", lambda: "")
+    swept = []
+
+    def sweep(key, record, kind, measure=None):
+        if key == keys[1] and not getattr(sweep, "resumed", False):
+            raise KeyboardInterrupt  # the call's limit, mid-sweep
+        swept.append(key)
+        return dict(tune.with_chunk_rows(record, 32), chunk_rows_sweep={"32": 1.0})
+    monkeypatch.setattr(tune, "sweep_chunk_rows", sweep)
+    args = argparse.Namespace(target="cuda", logs=str(tmp_path / "logs"), rows=None, chunk_rows=None,
+                              schedules=str(sch), trials=1, min_trials=None, recover_only=False, batch=1,
+                              time_limit=None, key_seconds=None, seed=1, build_workers=1, overlap_builds=False,
+                              no_build=True, sweep_chunk_rows=True)
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune_main(args, keys, None)
+    saved = tune.read_records(tune.schedules_path("cuda", sch))
+    assert saved[keys[0].pack()]["rows_per_partial"] == 32 and "chunk_rows_sweep" in saved[keys[0].pack()]
+    assert "chunk_rows_sweep" not in saved[keys[1].pack()]
+    sweep.resumed = True
+    tune.tune_main(args, keys, None)
+    assert swept == keys, "the resumed run swept the first key again"
+    saved = tune.read_records(tune.schedules_path("cuda", sch))
+    assert all(saved[k.pack()]["rows_per_partial"] == 32 for k in keys)
+    assert f"chunk sweep {keys[0].name}: swept already" in capsys.readouterr().err

@@ -824,8 +824,9 @@ def _tune(args, keys, out: pathlib.Path | None) -> None:
               + (f"; {len(failed)} of {len(todo)} failed (above) and stay due: "
                  f"{', '.join(k.name for k in failed)}" if failed else ""), file=sys.stderr)
     if getattr(args, "sweep_chunk_rows", False):
-        records.update(sweep_records([k for k in keys if k not in failed], records, kind))
-        save_records(kind, records, args.schedules)
+        # saved after each key: a sweep cut off keeps what it timed and resumes past it
+        records.update(sweep_records([k for k in keys if k not in failed], records, kind,
+                                     save=lambda swept: save_records(kind, {**records, **swept}, args.schedules)))
     if out is not None:
         from .build import build_library
         build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
@@ -1155,30 +1156,58 @@ SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64)
 SWEEP_SLACK = 0.05
 
 
-def dx_finalize_kernels(key: NormKey, record: dict) -> tuple:
-    """(dx, finalize) of ``record`` as a CUDA library serves a call within int32 offsets (the
-    narrow dx), compiled here alone by the library's own path (cuda_aot: nvcc -O3, and on sm_90
-    finalize launched with programmatic dependent launch after dx), not TVM's NVRTC build: what
-    a probe of the backward's GPU time needs of it. On an H100 (bench/results/h100-run84/) the
-    NVRTC pair of rmsnorm bwd_add 2560 timed 7 us apart at T = 32 and 64 where the library's whole
-    calls were 16 us apart."""
+def dx_finalize_kernels(key: NormKey, records: list) -> list:
+    """(dx, finalize) of each of ``records`` (one key's backward records, e.g. at several T) as
+    a CUDA library serves a call within int32 offsets (the narrow dx), compiled here by the
+    library's own path (cuda_aot: nvcc -O3, and on sm_90 finalize launched with programmatic
+    dependent launch after dx), not TVM's NVRTC build: what a probe of the backward's GPU time
+    needs of it. On an H100 (bench/results/h100-run84/) the NVRTC pair of rmsnorm bwd_add 2560
+    timed 7 us apart at T = 32 and 64 where the library's whole calls were 16 us apart; built by
+    nvcc, the sweep's pair timed within 2% of the whole calls (h100-run85/). All records go into
+    one library, nvcc's units in parallel: on the 2-core CI box a record alone took ~5 s of nvcc,
+    the sweep's seven T together 14 s. A record whose trace does not replay gets the
+    exception in its place; where the joint library fails to build, each record is built alone,
+    so that one bad record does not take the others with it."""
     from ._tvm import load_module
     from .build import key_funcs, narrow_prefix
     from .cuda_aot import build_cuda_library
     from .targets import arch_of
     names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
-    funcs = key_funcs(key, "cuda", record)
-    with tempfile.TemporaryDirectory(prefix="tvmnorm-dx-") as work:
-        so = pathlib.Path(work) / "dx.so"
-        build_cuda_library({n: funcs[n] for n in names}, arch_of("cuda", None), so, work, jobs=1)
-        mod = load_module(str(so))  # mapped: the file may go with its folder
-    return tuple(mod[n] for n in names)
+    out, funcs = [], {}
+    for i, record in enumerate(records):
+        try:
+            built = key_funcs(key, "cuda", record)
+        except Exception as e:  # noqa: BLE001 - this record's trace does not replay; the others still build
+            out.append(e)
+            continue
+        out.append(tuple(f"r{i}_{n}" for n in names))  # symbols apart per record: one library holds them all
+        funcs.update({f"r{i}_{n}": built[n].with_attr("global_symbol", f"r{i}_{n}") for n in names})
+    if not funcs:
+        return out
+    try:
+        with tempfile.TemporaryDirectory(prefix="tvmnorm-dx-") as work:
+            so = pathlib.Path(work) / "dx.so"
+            build_cuda_library(funcs, arch_of("cuda", None), so, work)
+            mod = load_module(str(so))  # mapped: the file may go with its folder
+    except Exception:
+        if sum(isinstance(o, tuple) for o in out) == 1:
+            raise
+        return [o if not isinstance(o, tuple) else _built_alone(key, records[i]) for i, o in enumerate(out)]
+    return [tuple(mod[n] for n in o) if isinstance(o, tuple) else o for o in out]
 
 
-def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
+def _built_alone(key: NormKey, record: dict):
+    """dx_finalize_kernels of ``record`` by itself: its pair, or the exception its build raised."""
+    try:
+        return dx_finalize_kernels(key, [record])[0]
+    except Exception as e:  # noqa: BLE001 - recorded in its place, as a replay failure is
+        return e
+
+
+def dx_call_us(key: NormKey, record: dict, rows: int | None = None, kernels: tuple | None = None) -> float:
     """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
     backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx),
-    compiled here (dx_finalize_kernels) and timed by the bench's probe timer (triton's do_bench,
+    compiled here (dx_finalize_kernels; ``kernels``: that pair, built already) and timed by the bench's probe timer (triton's do_bench,
     the L2 flushed before each call) on fresh random inputs. The search's own measure (tuner_us:
     the static-row candidate, cold calls under TVM's time_evaluator) ranked T otherwise on an
     H100 (bench/results/h100-run81/): it kept layernorm 2560 at 64 (114.8 against 118.6 us at 48)
@@ -1194,7 +1223,7 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None) -> float:
     if key.forward:
         raise ValueError(f"the chunk-size sweep times the backward's dx and finalize; got stage {key.stage!r}")
     h, rows = key.hidden_size, rows or train_rows(key.hidden_size)
-    dx_f, finalize_f = dx_finalize_kernels(key, record)
+    dx_f, finalize_f = kernels or dx_finalize_kernels(key, [record])[0]
     dy, x, stats, gamma, adds = backward_inputs(key, rows)
     dx, grads = torch.empty_like(x), [torch.empty_like(gamma) for _ in range(key.column_sums)]
     part = torch.empty(key.column_sums, partials(rows, key, "cuda", record["rows_per_partial"]), h, device="cuda")
@@ -1210,11 +1239,19 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
     microseconds) replaces dx_call_us in tests."""
     if kind != "cuda":
         raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
-    measure = measure or (lambda r: dx_call_us(key, r))
     own = record.get("rows_per_partial")
     with_chunk_rows(record, own)  # refuses a record without a dx trace and its T, by name
+    sizes = list(dict.fromkeys([own, *sizes]))
+    if measure is None:
+        built = dict(zip(sizes, dx_finalize_kernels(key, [with_chunk_rows(record, t) for t in sizes])))
+
+        def measure(r):
+            pair = built[r["rows_per_partial"]]
+            if isinstance(pair, Exception):
+                raise pair
+            return dx_call_us(key, r, kernels=pair)
     times = {}
-    for t in dict.fromkeys([own, *sizes]):
+    for t in sizes:
         try:
             times[t] = measure(with_chunk_rows(record, t))
         except Exception as e:  # noqa: BLE001 - a size the trace cannot take; the others still count
@@ -1230,14 +1267,20 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
     return out
 
 
-def sweep_records(keys, records: dict, kind: str, measure=None) -> dict:
+def sweep_records(keys, records: dict, kind: str, measure=None, save=None) -> dict:
     """sweep_chunk_rows over the CUDA backward and backward-with-add keys of ``keys`` that have
     a record with a dx trace: packed key -> the swept record (others, and those whose own T
-    failed to time, are left out), one line each."""
+    failed to time, are left out), one line each. A record that holds a sweep already (its
+    ``chunk_rows_sweep``) is passed over, so that a sweep cut off (a lease's call limit: the sweep
+    took a minute a key on an H100 with its seven T built one after another) resumes where it stopped;
+    ``save`` (the swept records so far) is called after each key."""
     out = {}
     for key in keys:
         record = records.get(key.pack())
         if key.forward or not record or "dx" not in record.get("parts", {}):
+            continue
+        if "chunk_rows_sweep" in record:
+            _say(f"chunk sweep {key.name}: swept already (T {record['rows_per_partial']})")
             continue
         try:
             swept = sweep_chunk_rows(key, record, kind, measure=None if measure is None else
@@ -1249,6 +1292,8 @@ def sweep_records(keys, records: dict, kind: str, measure=None) -> dict:
         print(f"chunk sweep {key.name}: T {record['rows_per_partial']} -> {swept['rows_per_partial']} "
               f"(us by T {times})", file=sys.stderr)
         out[key.pack()] = swept
+        if save is not None:
+            save(out)
     return out
 
 

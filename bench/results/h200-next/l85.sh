@@ -1,9 +1,10 @@
-# For a later lease, one call after the staging call, on any GPU (carry .device/b, .device/next;
-# ~450 s for 6 keys): `tvmnorm tune --sweep-chunk-rows` over the committed backward
-# records of NORMS x HIDDEN x DTYPES x STAGES (bwd, or bwd_add, or both; no search), then, for the keys whose T it moved, the swept
-# library float64-checked and timed against the committed records' (built here for the same
-# keys: the proof library holds no bwd_add) in interleaved whole calls, old new new old old new (bench/ab_table.py): a T moves into schedules/
-# only where the A/B agrees (lease 83: one sweep alone cannot see 5-10% on an H100).
+# For a later lease, one call after the staging call, on any GPU (carry .device/b, .device/next):
+# `tvmnorm tune --sweep-chunk-rows` over the committed backward records of NORMS x HIDDEN x
+# DTYPES x STAGES (bwd, or bwd_add, or both; no search; lease 85 took a minute a key with its T
+# built one after another, now built together), then the swept library float64-checked and timed
+# against the committed records' (built here for the same keys: the proof library holds no
+# bwd_add) in interleaved whole calls, old new new old old new (bench/ab_table.py): a T moves
+# into schedules/ only where the A/B agrees (lease 83: one sweep alone cannot see 5-10% on an H100).
 #   NORMS=layernorm HIDDEN=896,1024,1536,3584,7168,8192 bash .device/next/l85.sh
 #   STAGES=bwd_add HIDDEN=2560,5120 bash .device/next/l85.sh
 source bench/lease_env.sh || exit 1
@@ -13,10 +14,14 @@ el "$(nvidia-smi --query-gpu=name --format=csv,noheader)"
 timeout 150 python -m tvmnorm build --target cuda --norms "$norms" --hidden "$hidden" --stages "$stages" --dtypes "$dtypes" \
   --tuned-only --layouts compact --out "$OLD" > "$X/build-old.log" 2>&1; el "build committed $?"
 mkdir -p /tmp/sched-swept && cp schedules/cuda-sm_90.json /tmp/sched-swept/
+# the sweep writes each key's record as it goes (lease 85's, cut off at 300 s, wrote none and
+# built no library), so the swept library is built from whatever it saved
 timeout ${SWEEP_SECONDS:-300} python -m tvmnorm tune --target cuda --norms "$norms" --stages "$stages" --dtypes "$dtypes" \
-  --hidden "$hidden" --trials 1 --sweep-chunk-rows --schedules /tmp/sched-swept --logs /tmp/tl --out "$NEW" \
-  --layouts compact > "$X/sweep.log" 2>&1
+  --hidden "$hidden" --trials 1 --sweep-chunk-rows --schedules /tmp/sched-swept --logs /tmp/tl --no-build \
+  > "$X/sweep.log" 2>&1
 el "sweep rc $?"; grep -E "chunk sweep|failed|Error" "$X/sweep.log" | cut -c1-300
+timeout 150 python -m tvmnorm build --target cuda --norms "$norms" --hidden "$hidden" --stages "$stages" --dtypes "$dtypes" \
+  --tuned-only --layouts compact --schedules /tmp/sched-swept --out "$NEW" > "$X/build-new.log" 2>&1; el "build swept $?"
 python - "$X/sweep.json" <<'PY'
 import json, sys
 from tvmnorm.tune import read_records
