@@ -310,6 +310,30 @@ def test_record_kernel_compiles_what_a_library_holds_for_a_record(rng, seed):
     assert record_kernel(NormKey(hidden_size=96, itype="fp32", wtype="fp32", otype="fp32"), "llvm", None).chunk_rows is None
 
 
+@pytest.mark.parametrize("nvcc", ("1", "0"))
+def test_record_kernel_compiles_cuda_kernels_as_a_library_does(nvcc, monkeypatch):
+    """On CUDA record_kernel's kernels are compiled as a library's are (cuda_aot's nvcc build:
+    what the probes time should be what a library serves) where cuda_aot.jit_nvcc says so, and
+    as TVM's NVRTC module with TVMNORM_JIT_NVCC=0; a committed backward record's kernels, its
+    int32-row dx among them, either way."""
+    import tvmnorm.cuda_aot as cuda_aot
+    from tvmnorm.runtime import record_kernel
+    from tvmnorm.tune import load_records
+    if nvcc == "1" and not has_nvcc():
+        pytest.skip("nvcc not on PATH")
+    monkeypatch.setenv("TVMNORM_JIT_NVCC", nvcc)
+    built, build = [], cuda_aot.build_cuda_library
+    monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
+                        build(funcs, *a, **kw))
+    key = NormKey(stage="bwd", hidden_size=2560)
+    record = load_records("cuda")[key.pack()]
+    kernel = record_kernel(key, "cuda", record)
+    assert kernel.tuned and kernel.chunk_rows == record["rows_per_partial"] and "dx" in kernel._narrow
+    assert len(built) == (nvcc == "1")
+    if built:
+        assert f"{key.name}_narrow_dx" in built[0] and f"{key.name}_finalize" in built[0]
+
+
 def test_llvm_point_that_does_not_divide_the_row_is_refused():
     """A CPU point whose vector lanes x accumulators (or output step) leave a tail of the row
     (space.llvm_choices never draws one) is refused by name: it computed wrong sums silently

@@ -13,6 +13,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 
 from .targets import arch_number, target_spec, usable_cores
 
@@ -114,3 +115,14 @@ def build_cuda_library(funcs: dict, arch: str, so_path, workdir, jobs: int | Non
             done.result()
     _run([nvcc_path(), "-shared", "-Xcompiler", "-fPIC", "-Xlinker", "--allow-multiple-definition",
           *map(str, objs), "-o", str(so_path), *link])
+
+
+def load_cuda_library(funcs: dict, arch: str, jobs: int | None = None):
+    """``funcs`` (symbol -> scheduled PrimFunc) compiled by build_cuda_library in a temporary
+    folder and loaded: the kernels a library would hold, for a probe that times them without
+    building one (the file may go with its folder once mapped)."""
+    from ._tvm import load_module
+    with tempfile.TemporaryDirectory(prefix="tvmnorm-cuda-") as work:
+        so = pathlib.Path(work) / "kernels.so"
+        build_cuda_library(funcs, arch, so, work, jobs)
+        return load_module(str(so))

@@ -495,10 +495,18 @@ def record_kernel(key: NormKey, kind: str, record: dict | None, origin: str = "r
     """The key's kernels as a library holds them for ``record`` (build.key_funcs: on CUDA the
     int32-row copies too; a record of no traces and ``rows_per_partial`` T is the default rule
     at chunks of T, as tune.default_record writes), compiled in this process: the probes time
-    what a library would serve without building one."""
+    what a library would serve without building one. On CUDA they are compiled as a library
+    compiles them (cuda_aot: nvcc, programmatic dependent launch on sm_90) where cuda_aot.jit_nvcc
+    says so, as the default-kernel cache does: TVM's NVRTC module launches them plainly, and on
+    an H100 the chunk sweep's dx + finalize so built timed 6% under a library's whole call
+    (bench/results/h100-run84/), built by nvcc within 2.5% of it (h100-run85/)."""
+    from .cuda_aot import jit_nvcc, load_cuda_library
     funcs = key_funcs(key, kind, record)
-    return _kernel_from_module(key, kind, compile_funcs(funcs, kind).mod, bool(record and record.get("parts")),
-                               origin, chunk_rows_of(funcs))
+    if kind == "cuda" and jit_nvcc():
+        mod = load_cuda_library(funcs, arch_of(kind))
+    else:
+        mod = compile_funcs(funcs, kind).mod
+    return _kernel_from_module(key, kind, mod, bool(record and record.get("parts")), origin, chunk_rows_of(funcs))
 
 
 def _elf_problem(path) -> str | None:

@@ -1168,9 +1168,8 @@ def dx_finalize_kernels(key: NormKey, records: list) -> list:
     the sweep's seven T together 14 s. A record whose trace does not replay gets the
     exception in its place; where the joint library fails to build, each record is built alone,
     so that one bad record does not take the others with it."""
-    from ._tvm import load_module
     from .build import key_funcs, narrow_prefix
-    from .cuda_aot import build_cuda_library
+    from .cuda_aot import load_cuda_library
     from .targets import arch_of
     names = (f"{narrow_prefix(key)}_dx", f"{key.name}_finalize")
     out, funcs = [], {}
@@ -1185,10 +1184,7 @@ def dx_finalize_kernels(key: NormKey, records: list) -> list:
     if not funcs:
         return out
     try:
-        with tempfile.TemporaryDirectory(prefix="tvmnorm-dx-") as work:
-            so = pathlib.Path(work) / "dx.so"
-            build_cuda_library(funcs, arch_of("cuda", None), so, work)
-            mod = load_module(str(so))  # mapped: the file may go with its folder
+        mod = load_cuda_library(funcs, arch_of("cuda", None))
     except Exception:
         if sum(isinstance(o, tuple) for o in out) == 1:
             raise
