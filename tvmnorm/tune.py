@@ -1163,7 +1163,7 @@ def dx_finalize_kernels(key: NormKey, records: list) -> list:
     dependent launch after dx), not TVM's NVRTC build: what a probe of the backward's GPU time
     needs of it. On an H100 (bench/results/h100-run84/) the NVRTC pair of rmsnorm bwd_add 2560
     timed 7 us apart at T = 32 and 64 where the library's whole calls were 16 us apart; built by
-    nvcc, the sweep's pair timed within 2% of the whole calls (h100-run85/). All records go into
+    nvcc, the sweep's pair timed within 2.5% of the whole calls (h100-run85/). All records go into
     one library, nvcc's units in parallel: on the 2-core CI box a record alone took ~5 s of nvcc,
     the sweep's seven T together 14 s. A record whose trace does not replay gets the
     exception in its place; where the joint library fails to build, each record is built alone,
@@ -1203,8 +1203,9 @@ def _built_alone(key: NormKey, record: dict):
 def dx_call_us(key: NormKey, record: dict, rows: int | None = None, kernels: tuple | None = None) -> float:
     """Microseconds of ``record``'s dx and finalize back to back as a library runs them for a
     backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx),
-    compiled here (dx_finalize_kernels; ``kernels``: that pair, built already) and timed by the bench's probe timer (triton's do_bench,
-    the L2 flushed before each call) on fresh random inputs. The search's own measure (tuner_us:
+    compiled here (dx_finalize_kernels; ``kernels``: that pair, built already) and timed by the
+    bench's probe timer (triton's do_bench, the L2 flushed before each call) on fresh random
+    inputs. The search's own measure (tuner_us:
     the static-row candidate, cold calls under TVM's time_evaluator) ranked T otherwise on an
     H100 (bench/results/h100-run81/): it kept layernorm 2560 at 64 (114.8 against 118.6 us at 48)
     and moved layernorm 5120 to 64, whose whole call then ran 1.04x slower, so the sweep times
@@ -1267,9 +1268,9 @@ def sweep_records(keys, records: dict, kind: str, measure=None, save=None) -> di
     """sweep_chunk_rows over the CUDA backward and backward-with-add keys of ``keys`` that have
     a record with a dx trace: packed key -> the swept record (others, and those whose own T
     failed to time, are left out), one line each. A record that holds a sweep already (its
-    ``chunk_rows_sweep``) is passed over, so that a sweep cut off (a lease's call limit: the sweep
-    took a minute a key on an H100 with its seven T built one after another) resumes where it stopped;
-    ``save`` (the swept records so far) is called after each key."""
+    ``chunk_rows_sweep``) is passed over, so that a sweep cut off (by a lease's call limit: it
+    took a minute a key on an H100 with its seven T built one after another) resumes where it
+    stopped; ``save`` (the swept records so far) is called after each key."""
     out = {}
     for key in keys:
         record = records.get(key.pack())
