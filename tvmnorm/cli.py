@@ -320,7 +320,8 @@ def main(argv=None):
     p.add_argument("--sweep-chunk-rows", action="store_true",
                    help="CUDA backward and backward-with-add: after the search, time each key's dx record and "
                         "finalize at T = 16-64 (multiples of 8; needs torch and a CUDA GPU) and keep the fastest T "
-                        "where it is over 5%% faster than its own")
+                        "where it is over 5%% faster than its own; each key is saved as it is swept, and keys "
+                        "swept already are passed over (a run cut off resumes)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")
