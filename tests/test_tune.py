@@ -1651,6 +1651,9 @@ def test_sweep_chunk_rows_keeps_the_fastest_t_by_its_measure(capsys):
     again = sweep_records([ln, rms, add], {**records, ln.pack(): swept[ln.pack()]}, "cuda",
                           measure=lambda k, r: timed.append(k) or measure(k, r))
     assert set(again) == {rms.pack(), add.pack()} and ln not in timed
+    # unless asked to sweep them again, from the T they hold
+    redone = sweep_records([ln], {**records, ln.pack(): swept[ln.pack()]}, "cuda", measure=measure, again=True)
+    assert set(redone) == {ln.pack()} and redone[ln.pack()]["rows_per_partial"] == fast
     assert swept[add.pack()]["rows_per_partial"] == 40
     assert chunk_rows_of(scheduled_funcs(add, "cuda", swept[add.pack()], parts=["dx"])) == 40
     assert swept[ln.pack()]["rows_per_partial"] == fast
@@ -1673,6 +1676,10 @@ def test_sweep_chunk_rows_is_refused_off_cuda(tmp_path):
     r = tvmnorm("tune", "--target", "llvm", "--hidden", "384", "--dtypes", "fp32", "--stages", "bwd", "--norms",
                 "rmsnorm", "--schedules", str(tmp_path / "sch"), "--logs", str(tmp_path / "logs"), "--sweep-chunk-rows")
     assert r.returncode != 0 and "--sweep-chunk-rows is for the CUDA backward" in r.stderr
+    r = tvmnorm("tune", "--target", "cuda", "--hidden", "384", "--stages", "bwd", "--norms", "rmsnorm",
+                "--schedules", str(tmp_path / "sch"), "--logs", str(tmp_path / "logs"), "--sweep-again")
+    assert r.returncode != 0 and "--sweep-again goes with --sweep-chunk-rows" in r.stderr
+    assert not (tmp_path / "logs").exists()
 
 
 def test_sweep_chunk_rows_is_refused_before_the_search_without_a_gpu(tmp_path):

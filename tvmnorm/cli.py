@@ -322,6 +322,9 @@ def main(argv=None):
                         "finalize at T = 16-64 (multiples of 8; needs torch and a CUDA GPU) and keep the fastest T "
                         "where it is over 5%% faster than its own; each key is saved as it is swept, and keys "
                         "swept already are passed over (a run cut off resumes)")
+    p.add_argument("--sweep-again", action="store_true",
+                   help="with --sweep-chunk-rows: sweep the records that hold a sweep too (after a driver or "
+                        "GPU change, say), from the T they hold")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("build", help="compile keys into a library with a manifest")

@@ -744,6 +744,8 @@ def tune_main(args, keys, out: pathlib.Path | None) -> None:
     if getattr(args, "overlap_builds", False) and kind != "cuda":
         raise SystemExit(f"--overlap-builds is for CUDA: on {kind} the builds would share the cores the "
                          "candidates are timed on")
+    if getattr(args, "sweep_again", False) and not getattr(args, "sweep_chunk_rows", False):
+        raise SystemExit("--sweep-again goes with --sweep-chunk-rows")
     if getattr(args, "sweep_chunk_rows", False):
         if kind != "cuda":
             raise SystemExit(f"--sweep-chunk-rows is for the CUDA backward (T sets its dx's grid); got --target {kind}")
@@ -826,7 +828,8 @@ def _tune(args, keys, out: pathlib.Path | None) -> None:
     if getattr(args, "sweep_chunk_rows", False):
         # saved after each key: a sweep cut off keeps what it timed and resumes past it
         records.update(sweep_records([k for k in keys if k not in failed], records, kind,
-                                     save=lambda swept: save_records(kind, {**records, **swept}, args.schedules)))
+                                     save=lambda swept: save_records(kind, {**records, **swept}, args.schedules),
+                                     again=getattr(args, "sweep_again", False)))
     if out is not None:
         from .build import build_library
         build_library(keys, kind, out, records=records, layouts=getattr(args, "layouts", "all"))
@@ -1264,19 +1267,20 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
     return out
 
 
-def sweep_records(keys, records: dict, kind: str, measure=None, save=None) -> dict:
+def sweep_records(keys, records: dict, kind: str, measure=None, save=None, again: bool = False) -> dict:
     """sweep_chunk_rows over the CUDA backward and backward-with-add keys of ``keys`` that have
     a record with a dx trace: packed key -> the swept record (others, and those whose own T
     failed to time, are left out), one line each. A record that holds a sweep already (its
     ``chunk_rows_sweep``) is passed over, so that a sweep cut off (by a lease's call limit: it
     took a minute a key on an H100 with its seven T built one after another) resumes where it
-    stopped; ``save`` (the swept records so far) is called after each key."""
+    stopped, unless ``again`` (a new sweep of them, from the T they hold); ``save`` (the swept
+    records so far) is called after each key."""
     out = {}
     for key in keys:
         record = records.get(key.pack())
         if key.forward or not record or "dx" not in record.get("parts", {}):
             continue
-        if "chunk_rows_sweep" in record:
+        if "chunk_rows_sweep" in record and not again:
             _say(f"chunk sweep {key.name}: swept already (T {record['rows_per_partial']})")
             continue
         try:
