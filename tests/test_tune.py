@@ -1750,6 +1750,28 @@ def test_dx_finalize_kernels_build_a_sweeps_records_together(monkeypatch):
     assert [type(p).__name__ for p in pairs] == ["tuple", "tuple", "RuntimeError"]
 
 
+def test_sweep_chunk_rows_builds_the_sizes_a_record_takes_and_times_each(monkeypatch):
+    """sweep_chunk_rows's own measure: the sizes the record can take built as one library
+    (dx_finalize_kernels) and each timed with its pair (dx_call_us, faked here: no GPU); a size
+    past the int32 kernels' index slack is recorded as failed, not the end of the sweep."""
+    from tvmnorm import tune
+    if not has_nvcc():
+        pytest.skip("nvcc not on PATH")
+    key = NormKey(stage="bwd", hidden_size=1024)
+    record = load_records("cuda")[key.pack()]
+    built, timed = [], {}
+    build = tune.dx_finalize_kernels
+    monkeypatch.setattr(tune, "dx_finalize_kernels", lambda k, rs: built.append([r["rows_per_partial"] for r in rs])
+                        or build(k, rs))
+    monkeypatch.setattr(tune, "dx_call_us", lambda k, r, kernels=None: timed.setdefault(r["rows_per_partial"],
+                        (len(kernels), 100.0 - r["rows_per_partial"]))[1])
+    swept = tune.sweep_chunk_rows(key, record, sizes=(24, 48, 96))
+    own = record["rows_per_partial"]
+    assert built == [list(dict.fromkeys([own, 24, 48]))]
+    assert all(n == 2 for n, _ in timed.values()) and set(timed) == {own, 24, 48}
+    assert swept["chunk_rows_sweep"]["96"] is None and swept["rows_per_partial"] == 48
+
+
 def test_a_sweep_cut_off_keeps_the_keys_it_swept_and_resumes_past_them(tmp_path, monkeypatch, capsys):
     """tvmnorm tune --sweep-chunk-rows writes each key's swept record as it goes: cut off after
     the first key (a lease's call limit killed lease 85's sweeps before any record was written),

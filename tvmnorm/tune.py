@@ -1208,11 +1208,10 @@ def dx_call_us(key: NormKey, record: dict, rows: int | None = None, kernels: tup
     backward (or backward-with-add) call of ``rows`` (its training rows: the int32-row dx),
     compiled here (dx_finalize_kernels; ``kernels``: that pair, built already) and timed by the
     bench's probe timer (triton's do_bench, the L2 flushed before each call) on fresh random
-    inputs. The search's own measure (tuner_us:
-    the static-row candidate, cold calls under TVM's time_evaluator) ranked T otherwise on an
-    H100 (bench/results/h100-run81/): it kept layernorm 2560 at 64 (114.8 against 118.6 us at 48)
-    and moved layernorm 5120 to 64, whose whole call then ran 1.04x slower, so the sweep times
-    what the library serves. Needs torch and a CUDA GPU."""
+    inputs. The search's own measure (tuner_us: the static-row candidate, cold calls under TVM's
+    time_evaluator) ranked T otherwise on an H100 (bench/results/h100-run81/): it kept layernorm
+    2560 at 64 (114.8 against 118.6 us at 48) and moved layernorm 5120 to 64, whose whole call
+    then ran 1.04x slower, so the sweep times what the library serves. Needs torch and a CUDA GPU."""
     from .bench import backward_inputs, probe_us
     from .runtime import partials
     from .shapes import train_rows
@@ -1241,9 +1240,15 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
         raise ValueError(f"the chunk-size sweep is for the CUDA backward's dx (its grid); got target {kind!r}")
     own = record.get("rows_per_partial")
     with_chunk_rows(record, own)  # refuses a record without a dx trace and its T, by name
-    sizes = list(dict.fromkeys([own, *sizes]))
+    variants = {}  # T -> the record at T, or why it cannot take T (a size past the index slack)
+    for t in dict.fromkeys([own, *sizes]):
+        try:
+            variants[t] = with_chunk_rows(record, t)
+        except ValueError as e:
+            variants[t] = e
     if measure is None:
-        built = dict(zip(sizes, dx_finalize_kernels(key, [with_chunk_rows(record, t) for t in sizes])))
+        fit = [t for t, r in variants.items() if isinstance(r, dict)]
+        built = dict(zip(fit, dx_finalize_kernels(key, [variants[t] for t in fit])))
 
         def measure(r):
             pair = built[r["rows_per_partial"]]
@@ -1251,9 +1256,11 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
                 raise pair
             return dx_call_us(key, r, kernels=pair)
     times = {}
-    for t in sizes:
+    for t, variant in variants.items():
         try:
-            times[t] = measure(with_chunk_rows(record, t))
+            if isinstance(variant, Exception):
+                raise variant
+            times[t] = measure(variant)
         except Exception as e:  # noqa: BLE001 - a size the trace cannot take; the others still count
             times[t] = None
             _say(f"{key.name}: dx at T = {t} failed: {type(e).__name__}: {str(e)[:200]}")
@@ -1262,7 +1269,7 @@ def sweep_chunk_rows(key: NormKey, record: dict, kind: str = "cuda", sizes=SWEEP
     best = min((us, t) for t, us in times.items() if us is not None)[1]
     if times[best] >= times[own] * (1 - slack):
         best = own
-    out = with_chunk_rows(record, best)
+    out = variants[best]  # a copy already (with_chunk_rows)
     out["chunk_rows_sweep"] = {str(t): us for t, us in times.items()}
     return out
 
