@@ -168,6 +168,20 @@ def bench_script():
 
 
 @pytest.fixture
+def cuda_builds(monkeypatch) -> list:
+    """The kernel names of each cuda_aot.build_cuda_library call the test makes, sorted, in call
+    order; the builds themselves still run."""
+    import tvmnorm.cuda_aot as cuda_aot
+    built, build = [], cuda_aot.build_cuda_library
+
+    def spy(funcs, *a, **kw):
+        built.append(sorted(funcs))
+        return build(funcs, *a, **kw)
+    monkeypatch.setattr(cuda_aot, "build_cuda_library", spy)
+    return built
+
+
+@pytest.fixture
 def seed(request) -> int:
     return zlib.crc32(request.node.nodeid.encode()) ^ BASE_SEED
 

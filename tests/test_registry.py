@@ -311,20 +311,17 @@ def test_record_kernel_compiles_what_a_library_holds_for_a_record(rng, seed):
 
 
 @pytest.mark.parametrize("nvcc", ("1", "0"))
-def test_record_kernel_compiles_cuda_kernels_as_a_library_does(nvcc, monkeypatch):
+def test_record_kernel_compiles_cuda_kernels_as_a_library_does(nvcc, monkeypatch, cuda_builds):
     """On CUDA record_kernel's kernels are compiled as a library's are (cuda_aot's nvcc build:
     what the probes time should be what a library serves) where cuda_aot.jit_nvcc says so, and
     as TVM's NVRTC module with TVMNORM_JIT_NVCC=0; a committed backward record's kernels, its
     int32-row dx among them, either way."""
-    import tvmnorm.cuda_aot as cuda_aot
     from tvmnorm.runtime import record_kernel
     from tvmnorm.tune import load_records
     if nvcc == "1" and not has_nvcc():
         pytest.skip("nvcc not on PATH")
     monkeypatch.setenv("TVMNORM_JIT_NVCC", nvcc)
-    built, build = [], cuda_aot.build_cuda_library
-    monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
-                        build(funcs, *a, **kw))
+    built = cuda_builds
     key = NormKey(stage="bwd", hidden_size=2560)
     record = load_records("cuda")[key.pack()]
     kernel = record_kernel(key, "cuda", record)

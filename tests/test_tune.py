@@ -1696,7 +1696,7 @@ def test_sweep_chunk_rows_is_refused_before_the_search_without_a_gpu(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
-def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone(monkeypatch):
+def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone(cuda_builds):
     """tune.dx_finalize_kernels (what the chunk sweep and bench/bwd_parts.py --record-t time):
     the narrow dx and finalize of a record at another T, compiled by themselves as a library's
     kernels are (nvcc, not NVRTC), a backward's and a backward-with-add's; dx_call_us times
@@ -1707,10 +1707,7 @@ def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone(monkeypatch
         dx_call_us(NormKey(norm="layernorm", stage="fwd_add", hidden_size=2560), {})
     if not has_nvcc():
         pytest.skip("nvcc not on PATH")
-    import tvmnorm.cuda_aot as cuda_aot
-    built, build = [], cuda_aot.build_cuda_library
-    monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
-                        build(funcs, *a, **kw))
+    built = cuda_builds
     for k in (key, NormKey(stage="bwd_add", hidden_size=2560)):
         pairs = dx_finalize_kernels(k, [with_chunk_rows(load_records("cuda")[k.pack()], 40)])
         assert len(pairs) == 1 and len(pairs[0]) == 2
@@ -1718,7 +1715,7 @@ def test_dx_finalize_kernels_compile_a_records_dx_at_another_t_alone(monkeypatch
                      for k in (key, NormKey(stage="bwd_add", hidden_size=2560))]
 
 
-def test_dx_finalize_kernels_build_a_sweeps_records_together(monkeypatch):
+def test_dx_finalize_kernels_build_a_sweeps_records_together(monkeypatch, cuda_builds):
     """The chunk sweep's records (one key at several T) compile into one library (nvcc's units in
     parallel, not a build per T), each record's pair under its own symbols; a record whose trace
     does not replay gets its exception in its place; where the joint library fails to build,
@@ -1730,19 +1727,17 @@ def test_dx_finalize_kernels_build_a_sweeps_records_together(monkeypatch):
     key = NormKey(stage="bwd_add", hidden_size=2560)
     record = load_records("cuda")[key.pack()]
     broken = dict(record, parts={"dx": [[["NoSuchInstruction", []]]]})
-    built, build = [], cuda_aot.build_cuda_library
-    monkeypatch.setattr(cuda_aot, "build_cuda_library", lambda funcs, *a, **kw: built.append(sorted(funcs)) or
-                        build(funcs, *a, **kw))
+    built, build = cuda_builds, cuda_aot.build_cuda_library
     pairs = dx_finalize_kernels(key, [with_chunk_rows(record, 24), broken, with_chunk_rows(record, 48)])
     assert len(built) == 1 and [n.split("_")[0] for n in built[0]] == ["r0", "r0", "r2", "r2"]
     assert isinstance(pairs[1], Exception) and all(len(pairs[i]) == 2 for i in (0, 2))
     assert pairs[0][0] is not pairs[2][0]
 
     def fail_for_the_third(funcs, *a, **kw):  # the joint build fails, and then the third record's alone
-        built.append(sorted(funcs))
-        if len(built) in (1, 4):
+        if len(built) in (0, 3):
+            built.append(sorted(funcs))
             raise RuntimeError("nvcc failed")
-        return build(funcs, *a, **kw)
+        return build(funcs, *a, **kw)  # cuda_builds' spy, which records the call
     built.clear()
     monkeypatch.setattr(cuda_aot, "build_cuda_library", fail_for_the_third)
     pairs = dx_finalize_kernels(key, [with_chunk_rows(record, t) for t in (24, 32, 40)])
