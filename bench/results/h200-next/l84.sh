@@ -1,28 +1,33 @@
 # For the next H200 lease (written in session 71, named for lease 84, which came as an H100), one
-# call after the staging call, ON AN H200 ONLY (carry .device/b, .device/next; ~250 s): the three
-# T adopted on H100s (lease 82: layernorm bwd 2560 at 48, rmsnorm bwd 5120 at 40; lease 84:
-# rmsnorm bwd_add 2560 at 32) checked against float64 and timed on the H200 against the records at
-# their former T (64 each), whole bf16 calls at 16384 tokens, old new new old old new; the other
-# bwd and bwd_add keys at 2560/5120 are in both libraries unchanged (the drift's control).
+# call after the staging call, ON AN H200 ONLY (carry .device/b, .device/next; ~300 s): every T
+# adopted on an H100's A/B (the records that carry `chunk_rows_ab`: lease 82's layernorm bwd 2560
+# at 48 and rmsnorm bwd 5120 at 40, lease 84's rmsnorm bwd_add 2560 at 32, lease 87's rmsnorm and
+# layernorm bwd_add 512 and rmsnorm bwd_add 1024 at 16) checked against float64 and timed on the
+# H200 against the same records at their former T, whole bf16 calls at 16384 tokens, old new new
+# old old new; the other bwd and bwd_add keys at those widths are in both libraries unchanged (the
+# drift's control).
 source bench/lease_env.sh || exit 1
-export TVMNORM_CACHE=/tmp/tvmnorm-cache H=2560,5120
+export TVMNORM_CACHE=/tmp/tvmnorm-cache
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); el "$gpu"
 case "$gpu" in *H200*) ;; *) el "not an H200: nothing to do"; exit 0 ;; esac
-python - <<'PY'
+python - > /tmp/ab-hidden <<'PY'
 from tvmnorm import NormKey
 from tvmnorm.tune import load_records, save_records, with_chunk_rows
-recs = load_records("cuda")
-for norm, stage, h in (("layernorm", "bwd", 2560), ("rmsnorm", "bwd", 5120), ("rmsnorm", "bwd_add", 2560)):
-    k = NormKey(norm=norm, stage=stage, hidden_size=h).pack()
-    recs[k] = with_chunk_rows(recs[k], recs[k]["chunk_rows_ab"]["from_T"])
+recs, hidden = load_records("cuda"), set()
+for k, rec in recs.items():
+    if "chunk_rows_ab" in rec:
+        recs[k] = with_chunk_rows(rec, rec["chunk_rows_ab"]["from_T"])
+        hidden.add(NormKey.unpack(k).hidden_size)
 save_records("cuda", recs, "/tmp/sched-old")
+print(",".join(str(h) for h in sorted(hidden)))
 PY
+H=$(cat /tmp/ab-hidden); el "widths $H"
 for n in old new; do
   s=$([ $n = old ] && echo /tmp/sched-old || echo schedules)
-  timeout 100 python -m tvmnorm build --target cuda --norms rmsnorm,layernorm --hidden "$H" --stages bwd,bwd_add --dtypes bf16 \
+  timeout 200 python -m tvmnorm build --target cuda --norms rmsnorm,layernorm --hidden "$H" --stages bwd,bwd_add --dtypes bf16 \
     --tuned-only --layouts compact --schedules $s --out /tmp/lib-$n > "$X/build-$n.log" 2>&1; el "build $n $?"
 done
-mkdir -p "$X/check"; TVMNORM_LIBRARY=/tmp/lib-new timeout 60 python bench/gpu_check.py --tuned --out "$X/check" > "$X/check.log" 2>&1
+mkdir -p "$X/check"; TVMNORM_LIBRARY=/tmp/lib-new timeout 120 python bench/gpu_check.py --tuned --out "$X/check" > "$X/check.log" 2>&1
 el "check rc $?"; tail -2 "$X/check.log"
 i=0
 for r in old new new old old new; do
