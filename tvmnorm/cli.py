@@ -319,7 +319,7 @@ def main(argv=None):
                         "each T is its own task)")
     p.add_argument("--sweep-chunk-rows", action="store_true",
                    help="CUDA backward and backward-with-add: after the search, time each key's dx record and "
-                        "finalize at T = 16-64 (multiples of 8; needs torch and a CUDA GPU) and keep the fastest T "
+                        "finalize at T = 8-64 (multiples of 8; needs torch and a CUDA GPU) and keep the fastest T "
                         "where it is over 5%% faster than its own; each key is saved as it is swept, and keys "
                         "swept already are passed over (a run cut off resumes)")
     p.add_argument("--sweep-again", action="store_true",

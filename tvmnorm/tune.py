@@ -1153,7 +1153,10 @@ def with_chunk_rows(record: dict, t: int) -> dict:
 # 256 at 64) and rmsnorm 5120's 0.90x at 40, while other widths stayed fastest at their own.
 # Multiples of 8, so every prefetch group of the space divides them, up to the longest tuned
 # chunk (with_chunk_rows: the int32-row kernels' index slack); 96 never won (h100-run80/81/83).
-SWEEP_CHUNK_ROWS = (16, 24, 32, 40, 48, 56, 64)
+# From 8: bf16 bwd_add 512 timed fastest at 16, the shortest size then swept, and faster the
+# shorter (rmsnorm 40.0 / 44.4 / 48.9 us at 16 / 24 / 32, h100-run87), so 16 was an edge, not a
+# minimum.
+SWEEP_CHUNK_ROWS = (8, 16, 24, 32, 40, 48, 56, 64)
 # How much faster another T must time to replace a record's own: the same kernel's whole call
 # moved 111.7-118.1 us between processes on one H100 (h100-run82), so less is noise.
 SWEEP_SLACK = 0.05
@@ -1168,7 +1171,7 @@ def dx_finalize_kernels(key: NormKey, records: list) -> list:
     timed 7 us apart at T = 32 and 64 where the library's whole calls were 16 us apart; built by
     nvcc, the sweep's pair timed within 2.5% of the whole calls (h100-run85/). All records go into
     one library, nvcc's units in parallel: on the 2-core CI box a record alone took ~5 s of nvcc,
-    the sweep's seven T together 14 s. A record whose trace does not replay gets the
+    the sweep's seven T together 14 s (before T = 8 joined them). A record whose trace does not replay gets the
     exception in its place; where the joint library fails to build, each record is built alone,
     so that one bad record does not take the others with it."""
     from .build import key_funcs, narrow_prefix
