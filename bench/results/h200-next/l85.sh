@@ -9,6 +9,7 @@
 # kernels twice (lease 86: ~150 s of the call for new/old 0.993-0.997), so it is left out.
 #   NORMS=layernorm HIDDEN=896,1024,1536,3584,7168,8192 bash .device/next/l85.sh
 #   STAGES=bwd_add HIDDEN=2560,5120 bash .device/next/l85.sh
+#   AGAIN=1 ...: the records that hold a sweep already are swept again (tune --sweep-again)
 source bench/lease_env.sh || exit 1
 export TVMNORM_CACHE=/tmp/tvmnorm-cache OLD=/tmp/lib-committed NEW=/tmp/lib-swept
 norms=${NORMS:-rmsnorm,layernorm} hidden=${HIDDEN:?"HIDDEN: the widths to sweep, e.g. 896,1024"} dtypes=${DTYPES:-bf16} stages=${STAGES:-bwd}
@@ -18,7 +19,7 @@ mkdir -p /tmp/sched-swept && cp schedules/cuda-sm_90.json /tmp/sched-swept/
 # the sweep writes each key's record as it goes (lease 85's, cut off at 300 s, wrote none and
 # built no library), so the swept library is built from whatever it saved
 timeout ${SWEEP_SECONDS:-300} python -m tvmnorm tune --target cuda "${keys[@]}" --trials 1 --sweep-chunk-rows \
-  --schedules /tmp/sched-swept --logs /tmp/tl --no-build > "$X/sweep.log" 2>&1
+  ${AGAIN:+--sweep-again} --schedules /tmp/sched-swept --logs /tmp/tl --no-build > "$X/sweep.log" 2>&1
 el "sweep rc $?"; grep -E "chunk sweep|failed|Error" "$X/sweep.log" | cut -c1-300
 moved=$(python - "$X/sweep.json" <<'PY'
 import json, sys
