@@ -579,6 +579,16 @@ def test_bad_input_messages():
         tn.rms_norm(torch.randn(4, 0), torch.ones(0))
     with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
         tn.rms_norm(x, [1.0] * 128)
+    with pytest.raises(TypeError, match=r"rms_norm: x must be a dense tensor .*layout torch.sparse_coo.*x.to_dense\(\)"):
+        tn.rms_norm(x.to_sparse(), w)
+    with pytest.raises(TypeError, match="x must be a dense tensor .*layout torch.sparse_csr"):
+        tn.rms_norm(x.to_sparse_csr(), w)
+    with pytest.raises(TypeError, match="layer_norm: bias must be a dense tensor .*layout torch.sparse_coo"):
+        tn.layer_norm(x, w, torch.randn(128).to_sparse())
+    with pytest.raises(TypeError, match="rms_norm_add: residual must be a dense tensor"):
+        tn.rms_norm_add(x, x.to_sparse(), w)
+    with pytest.raises(TypeError, match="x must be a dense tensor .*got a nested tensor"):
+        tn.rms_norm(torch.nested.nested_tensor([torch.randn(2, 128), torch.randn(3, 128)]), w)
     with pytest.raises(TypeError, match="fp8_dtype"):
         tn.rms_norm_fp8(x, w, 1.0, fp8_dtype=torch.float16)
     with pytest.raises(ValueError, match="scale must hold one value"):

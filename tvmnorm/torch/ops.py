@@ -507,6 +507,12 @@ def _(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype):
 def _check_tensor(op, name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    # the kernels take a data pointer and strides: a sparse or nested tensor has neither in that
+    # sense, and failed later inside torch with messages that named neither the op nor the operand
+    if t.layout is not torch.strided or t.is_nested:
+        what = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise TypeError(f"{op}: {name} must be a dense tensor (torch.strided layout), got {what}"
+                        + ("" if t.is_nested else f"; pass {name}.to_dense() if a copy is acceptable"))
 
 
 def _affine(op, x, weight, bias, zc, with_bias):
