@@ -1171,9 +1171,9 @@ def dx_finalize_kernels(key: NormKey, records: list) -> list:
     timed 7 us apart at T = 32 and 64 where the library's whole calls were 16 us apart; built by
     nvcc, the sweep's pair timed within 2.5% of the whole calls (h100-run85/). All records go into
     one library, nvcc's units in parallel: on the 2-core CI box a record alone took ~5 s of nvcc,
-    the sweep's seven T together 14 s (before T = 8 joined them). A record whose trace does not replay gets the
-    exception in its place; where the joint library fails to build, each record is built alone,
-    so that one bad record does not take the others with it."""
+    the sweep's seven T together 14 s (before T = 8 joined them). A record whose trace does not
+    replay gets the exception in its place; where the joint library fails to build, each record
+    is built alone, so that one bad record does not take the others with it."""
     from .build import key_funcs, narrow_prefix
     from .cuda_aot import load_cuda_library
     from .targets import arch_of
