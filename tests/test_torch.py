@@ -539,6 +539,22 @@ def test_strided_weight_and_grad_are_fine(gen):
     assert_close("dweight", w.grad, wr.grad)
 
 
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_sparse_grad_reaching_the_backward(gen, norm):
+    """autograd passes a sparse dy on when the next op's backward made one; it is made dense."""
+    x = rand(gen, (6, 128), torch.float64, requires_grad=True)
+    w = torch.randn(128, generator=gen, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(6, 128, generator=gen, dtype=torch.float64)
+    dy[1:4] = 0
+    b = torch.randn(128, generator=gen, dtype=torch.float64)
+    y = tn.rms_norm(x, w) if norm == "rmsnorm" else tn.layer_norm(x, w, b)
+    y.backward(dy.to_sparse())
+    xr, wr, _, yr = reference(norm, x, w, b, 1e-6 if norm == "rmsnorm" else 1e-5)
+    yr.backward(dy)
+    assert_close("dx", x.grad, xr.grad)
+    assert_close("dweight", w.grad, wr.grad)
+
+
 def test_1d_input(gen):
     x = rand(gen, (128,), requires_grad=True)
     w = torch.randn(128, generator=gen)

@@ -221,7 +221,10 @@ def compact_weight(w: torch.Tensor, hidden: int) -> torch.Tensor:
 def compact_rows(t: torch.Tensor, hidden: int) -> torch.Tensor:
     """A row operand other than x (dy, dz, the residual) as the kernels take it: compact and
     aligned, copied where it is not (autograd hands dy over in whatever layout the next op
-    produced; only x has kernels for other layouts)."""
+    produced; only x has kernels for other layouts). A sparse dy, which autograd passes on when
+    the next op's backward gives one, is made dense: the kernels read every element anyway."""
+    if t.layout != torch.strided:
+        t = t.to_dense()
     t = t.contiguous()
     if not aligned(t, hidden):
         t = t.clone()
