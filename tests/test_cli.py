@@ -316,6 +316,35 @@ def test_bad_arguments_stop_before_any_work_naming_the_argument(tmp_path, capsys
     assert not (tmp_path / "sch").exists() and not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize("cmd,flag", [("tune", "--logs"), ("tune", "--schedules"), ("build", "--out"),
+                                      ("bench", "--out")])
+def test_a_folder_that_cannot_be_written_stops_before_any_work(tmp_path, monkeypatch, cmd, flag):
+    """A results folder under a file (or on a file system that refuses, /proc) stops the command
+    at once, naming the argument: bench --out failed with a traceback after timing every case,
+    tune and build with one from mkdir."""
+    import tvmnorm.bench
+    import tvmnorm.build
+    import tvmnorm.tune
+    from tvmnorm.cli import main
+
+    def no_work(*_, **__):
+        raise AssertionError("the work began")
+    for module, name in ((tvmnorm.bench, "run"), (tvmnorm.tune, "tune_main"), (tvmnorm.build, "build_library")):
+        monkeypatch.setattr(module, name, no_work)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    paths = {"--logs": tmp_path / "logs", "--schedules": tmp_path / "sch", "--out": tmp_path / "lib"}
+    paths[flag] = blocker / "sub"
+    args = {"tune": ["--hidden", "64", "--logs", str(paths["--logs"]), "--schedules", str(paths["--schedules"]),
+                     "--out", str(paths["--out"])],
+            "build": ["--hidden", "64", "--out", str(paths["--out"])],
+            "bench": ["--hidden", "64", "--rows", "8", "--out", str(paths["--out"])]}[cmd]
+    with pytest.raises(SystemExit) as stop:
+        main([cmd, "--target", "llvm", *args])
+    assert str(stop.value.code) == f"{flag}: {blocker} is a file, not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
 def test_a_schedules_file_that_does_not_parse_stops_tune_and_build_and_stays(tmp_path):
     """tune writes the records it chose over the target's schedules file: one that does not parse
     (a merge conflict, a truncated copy) stops it before any work, and stays as it was."""

@@ -1442,6 +1442,9 @@ def bench_main(args) -> int:
         if rc:
             raise SystemExit(rc)
         return 0
+    if args.out:
+        from .cli import writable_dir
+        writable_dir(args.out, "--out")
     if args.merge:
         records = json.loads(pathlib.Path(args.records).read_text())["records"] if args.records else None
         result = merge(args.merge, records)

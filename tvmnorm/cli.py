@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 
 from .key import DTYPES, FORWARD_STAGES, FP8, NORMS, STAGES, NormKey
 from .shapes import hidden_sizes, parse_hidden
@@ -26,6 +27,24 @@ def at_least_one(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def writable_dir(path, flag: str) -> pathlib.Path:
+    """``path`` as a folder this process can make or write in (made later by the work itself;
+    nothing is left behind here), else SystemExit naming ``flag`` and the reason. Checked before
+    the work whose results go there: a bench that could not save its results failed only after
+    timing every case."""
+    p = pathlib.Path(path)
+    base = p
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise SystemExit(f"{flag}: {base} is a file, not a folder")
+    try:  # a real write: os.access says yes to root where the file system says no (/proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".tvmnorm-probe-", dir=base))
+    except OSError as e:
+        raise SystemExit(f"{flag}: cannot write in the folder {base}: {e.strerror or e}") from None
+    return p
 
 
 def _chunk_rows(s):
@@ -159,6 +178,7 @@ def library_out(args) -> pathlib.Path:
         check_out_dir(out)
     except ValueError as e:
         raise SystemExit(f"--out: {e}") from None
+    writable_dir(out.parent, "--out")  # the build is written beside it, then moved in
     return out
 
 
@@ -273,6 +293,8 @@ def cmd_tune(args):
     from .tune import tune_main
     keys = keys_from_args(args)
     check_arch(keys, args.target)
+    writable_dir(args.logs, "--logs")
+    writable_dir(args.schedules, "--schedules")
     # checked now, not after the search
     tune_main(args, keys, None if args.no_build else library_out(args))
 
