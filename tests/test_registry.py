@@ -1032,3 +1032,44 @@ def test_llvm_kernel_refuses_misaligned_arrays(rng):
     strided = get_kernel(key, "llvm", "strided")
     strided(wide[:, 3:], w, y, rs)
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(wide[:, 3:], (1024,), w, 1e-6))
+
+
+def test_a_cache_that_cannot_be_written_serves_what_it_holds_and_compiles_the_rest_in_memory(
+        rng, seed, tmp_path, monkeypatch):
+    """TVMNORM_CACHE on a file (or a read-only home) raised the OSError of the cache's mkdir
+    from the first call; now the kernels are compiled in memory with one warning a process, right
+    against float64, and where the cache holds an entry but its lock cannot be taken (a read-only
+    mount) the entry serves without a word."""
+    from tvmnorm import runtime
+    monkeypatch.setattr(runtime, "_UNCACHED", set())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TVMNORM_CACHE", str(blocker))
+    keys = [NormKey(hidden_size=96), NormKey(norm="layernorm", stage="bwd", hidden_size=96)]
+    reg = fresh_registry()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernels = [reg.get(key, "llvm") for key in keys]
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and f"the default-kernel cache under {blocker} cannot be written" in said[0], said
+    for key, kernel in zip(keys, kernels):
+        inputs = make_inputs(key, 9, rng)
+        check_outputs(key, inputs, call(kernel, inputs, 9), f"uncached {key.name} seed={seed}")
+    assert blocker.read_text() == ""
+
+    monkeypatch.setenv("TVMNORM_CACHE", str(tmp_path / "cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        fresh_registry().get(keys[0], "llvm")  # fills the entry
+    monkeypatch.setattr(runtime, "_UNCACHED", set())
+
+    def read_only(path):
+        raise PermissionError(13, "Read-only file system", str(path))
+    monkeypatch.setattr(runtime, "_file_lock", read_only)
+    monkeypatch.setattr(runtime, "compile_funcs", lambda *a: pytest.fail("compiled what the cache held"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel = fresh_registry().get(keys[0], "llvm")
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    inputs = make_inputs(keys[0], 5, rng)
+    check_outputs(keys[0], inputs, call(kernel, inputs, 5), f"read-only cache seed={seed}")

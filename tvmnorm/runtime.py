@@ -796,40 +796,67 @@ def _cached_module(path: pathlib.Path, kind: str, funcs, jobs: int | None = None
     of TVM's CUDA module (CUDA source for NVRTC, kernels launched without programmatic dependent
     launch) is then rebuilt. Where nvcc fails on an entry (a host compiler it does not support,
     say), the entry is TVM's CUDA module after all, with a warning, and a file beside it keeps
-    nvcc's error so that later processes do not try again. ``jobs``: nvcc processes at once
-    (default: the usable cores)."""
+    nvcc's error so that later processes do not try again. A cache that cannot be written
+    serves the entries it holds, and the process compiles the others in memory, with a warning
+    (it raised the OSError of its mkdir before). ``jobs``: nvcc processes at once (default: the
+    usable cores)."""
+    from ._tvm import load_module
+    try:
+        with _file_lock(path.with_suffix(".lock")):
+            return _cache_or_compile(path, kind, funcs, jobs)
+    except OSError as e:
+        # a cache that cannot be written (a read-only home or mount, TVMNORM_CACHE on a file):
+        # an entry already there still loads, else the kernels are compiled in memory
+        if path.exists():
+            try:
+                return load_module(str(path))
+            except Exception:  # noqa: BLE001 - compiled in memory below
+                pass
+        if not _UNCACHED:
+            _UNCACHED.add(True)
+            warnings.warn(f"the default-kernel cache under {cache_root()} cannot be written ({e.strerror or e}: "
+                          f"{e.filename or path}); default kernels are compiled in memory, again in every process. "
+                          f"Set TVMNORM_CACHE to a writable folder", RuntimeWarning, stacklevel=3)
+        return compile_funcs(funcs(), kind).mod
+
+
+# whether this process has said that the default-kernel cache cannot be written
+_UNCACHED: set = set()
+
+
+def _cache_or_compile(path: pathlib.Path, kind: str, funcs, jobs):
+    """_cached_module's work under the entry's lock."""
     from ._tvm import load_module
     from .cuda_aot import build_cuda_library, jit_nvcc
     failed = path.with_suffix(".nvcc-failed")
     nvcc = kind == "cuda" and jit_nvcc() and not failed.exists()
-    with _file_lock(path.with_suffix(".lock")):
-        if path.exists():
-            try:
-                mod = load_module(str(path))
-                if not (nvcc and mod.imports):
-                    return mod
-            except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
-                pass
-        tmp, scheduled = path.with_suffix(f".tmp{os.getpid()}.so"), funcs()
-        if nvcc:
-            try:
-                with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
-                    build_cuda_library(scheduled, arch_of(kind), tmp, work, jobs)
-            except (RuntimeError, OSError) as e:
-                failed.write_text(f"{e}\n")
-                warnings.warn(f"nvcc could not compile the default kernels of {path.stem} "
-                              f"({str(e).splitlines()[0]}); they are compiled as TVM's CUDA module instead "
-                              f"(NVRTC, launched without programmatic dependent launch). {failed} holds the "
-                              f"error: delete it to try nvcc again, or set TVMNORM_JIT_NVCC=0", RuntimeWarning,
-                              stacklevel=2)
-            else:
-                # loaded outside the try: a library nvcc built that does not load is not nvcc's failure
-                os.replace(tmp, path)
-                return load_module(str(path))
-        ex = compile_funcs(scheduled, kind)
-        ex.export_library(str(tmp))
-        os.replace(tmp, path)
-        return ex.mod
+    if path.exists():
+        try:
+            mod = load_module(str(path))
+            if not (nvcc and mod.imports):
+                return mod
+        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt
+            pass
+    tmp, scheduled = path.with_suffix(f".tmp{os.getpid()}.so"), funcs()
+    if nvcc:
+        try:
+            with tempfile.TemporaryDirectory(prefix=".tvmnorm-jit-", dir=path.parent) as work:
+                build_cuda_library(scheduled, arch_of(kind), tmp, work, jobs)
+        except (RuntimeError, OSError) as e:
+            failed.write_text(f"{e}\n")
+            warnings.warn(f"nvcc could not compile the default kernels of {path.stem} "
+                          f"({str(e).splitlines()[0]}); they are compiled as TVM's CUDA module instead "
+                          f"(NVRTC, launched without programmatic dependent launch). {failed} holds the "
+                          f"error: delete it to try nvcc again, or set TVMNORM_JIT_NVCC=0", RuntimeWarning,
+                          stacklevel=2)
+        else:
+            # loaded outside the try: a library nvcc built that does not load is not nvcc's failure
+            os.replace(tmp, path)
+            return load_module(str(path))
+    ex = compile_funcs(scheduled, kind)
+    ex.export_library(str(tmp))
+    os.replace(tmp, path)
+    return ex.mod
 
 
 REGISTRY = Registry()
