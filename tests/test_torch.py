@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 import warnings
 import zlib
 
@@ -1166,3 +1167,17 @@ def test_cuda_alignment_rule():
         for size in (1, 2, 4, 8):
             a = _host._alignment(hidden, size)
             assert (hidden * size) % a == 0 and a <= 16 and a == 2 ** int(math.log2(a))
+
+
+def test_the_readmes_pytorch_example_runs():
+    """The first code block of the README's PyTorch section, run as it stands (on the CPU): its
+    residual-add lines used a `residual` it never defined."""
+    import re
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("\n## PyTorch\n"):]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tvmnorm.FallbackWarning)
+        scope = {}
+        exec(compile(example, "README.md (PyTorch)", "exec"), scope)
+    assert scope["y8"].dtype == torch.float8_e4m3fn and scope["h"].shape == scope["x"].shape
