@@ -550,3 +550,49 @@ def test_the_slow_tests_run_first():
     items = [Item("a", False), Item("b", True), Item("c", False), Item("d", True)]
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.name for i in items] == ["b", "d", "a", "c"]
+
+
+def test_the_wheel_carries_the_committed_records(tmp_path):
+    """A wheel (`pip install .`, not -e) installs the package without the repository: the records
+    a build takes travel inside it (tvmnorm/_schedules, a link to schedules/), byte for byte.
+    Before, such an install built default kernels for every key, without a word."""
+    repo = pathlib.Path(__file__).parent.parent
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(repo / "pyproject.toml", src)
+    shutil.copytree(repo / "schedules", src / "schedules")
+    shutil.copytree(repo / "tvmnorm", src / "tvmnorm", symlinks=True,
+                    ignore=shutil.ignore_patterns("_lib", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "wheel"), str(src)], check=True, capture_output=True, timeout=600)
+    import zipfile
+    (wheel,) = (tmp_path / "wheel").glob("tvmnorm-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        carried = {pathlib.PurePosixPath(n).name: z.read(n) for n in z.namelist() if n.startswith("tvmnorm/_schedules/")}
+    committed = {p.name: p.read_bytes() for p in (repo / "schedules").glob("*.json")}
+    assert committed and carried == committed
+
+
+def test_an_install_without_the_repository_reads_the_packaged_records_and_tune_asks_for_folders(
+        tmp_path, monkeypatch):
+    """Where schedules/ is not beside the package (a wheel's install), build and `list
+    --records` read the copy in the package, and tune, which would write into the installed
+    package, stops until --logs and --schedules are named."""
+    import tvmnorm.tune
+    from tvmnorm.cli import _records_for, main
+    from tvmnorm.tune import PACKAGED_SCHEDULES, committed_schedules, read_records, schedules_path
+    assert committed_schedules() == tvmnorm.tune.CHECKOUT_SCHEDULES
+    checkout = read_records(schedules_path("cuda"))
+    monkeypatch.setattr(tvmnorm.tune, "CHECKOUT_SCHEDULES", tmp_path / "no-repository" / "schedules")
+    assert committed_schedules() == PACKAGED_SCHEDULES
+    assert checkout and _records_for("cuda") == checkout
+    ran = []
+    monkeypatch.setattr(tvmnorm.tune, "tune_main", lambda args, keys, out: ran.append((args.logs, args.schedules)))
+    common = ["tune", "--target", "llvm", "--hidden", "64", "--no-build"]
+    with pytest.raises(SystemExit, match="tune: name --logs DIR: this tvmnorm is installed without its repository"):
+        main([*common, "--schedules", str(tmp_path / "sch")])
+    with pytest.raises(SystemExit, match="tune: name --schedules DIR"):
+        main([*common, "--logs", str(tmp_path / "logs")])
+    assert not ran
+    main([*common, "--logs", str(tmp_path / "logs"), "--schedules", str(tmp_path / "sch")])
+    assert ran == [(str(tmp_path / "logs"), str(tmp_path / "sch"))]

@@ -289,12 +289,27 @@ def cmd_list(args):
         print(f"# x layout {layout}: {info['library']} sha256={info['sha256'][:12]}, {tuned} keys from their records")
 
 
+def tune_folders(args) -> None:
+    """--logs and --schedules of tune, checked writable: by default the repository's
+    tuning_logs/ and schedules/, its committed data. A tvmnorm installed from a wheel has no
+    repository (its records are a copy inside the package, which tune must not rewrite): there
+    both must be named."""
+    from .tune import CHECKOUT_SCHEDULES
+    for flag, name in (("--logs", "tuning_logs"), ("--schedules", "schedules")):
+        attr = flag[2:]
+        if getattr(args, attr) is None:
+            if not CHECKOUT_SCHEDULES.is_dir():
+                raise SystemExit(f"tune: name {flag} DIR: this tvmnorm is installed without its repository "
+                                 f"(no {CHECKOUT_SCHEDULES}), whose {name}/ tune writes by default")
+            setattr(args, attr, str(REPO / name))
+        writable_dir(getattr(args, attr), flag)
+
+
 def cmd_tune(args):
     from .tune import tune_main
     keys = keys_from_args(args)
     check_arch(keys, args.target)
-    writable_dir(args.logs, "--logs")
-    writable_dir(args.schedules, "--schedules")
+    tune_folders(args)
     # checked now, not after the search
     tune_main(args, keys, None if args.no_build else library_out(args))
 
@@ -313,8 +328,8 @@ def main(argv=None):
     p.add_argument("--target", choices=("llvm", "cuda"), default="llvm")
     add_key_args(p)
     p.add_argument("--trials", type=at_least_one, default=64, help="measured candidates per key")
-    p.add_argument("--logs", default=str(REPO / "tuning_logs"), help="raw MetaSchedule databases")
-    p.add_argument("--schedules", default=str(REPO / "schedules"), help="chosen records per target")
+    p.add_argument("--logs", default=None, help="raw MetaSchedule databases (default: the repository's tuning_logs/)")
+    p.add_argument("--schedules", default=None, help="chosen records per target (default: the repository's schedules/)")
     p.add_argument("--rows", type=at_least_one, default=None, help="row count to tune at (default: per target)")
     p.add_argument("--no-build", action="store_true", help="do not build the library afterwards")
     p.add_argument("--out", default=None, help="library directory (default: the package's)")

@@ -52,8 +52,19 @@ def tune_rows(key: NormKey, kind: str, override: int | None = None) -> int:
     return train_rows(key.hidden_size) + 1
 
 
+# The committed records: schedules/ of the repository (a checkout, an editable install), else
+# the copy a wheel carries in the package (tvmnorm/_schedules, a link to schedules/ in the
+# repository): a package installed from a wheel has no repository beside it.
+CHECKOUT_SCHEDULES = REPO / "schedules"
+PACKAGED_SCHEDULES = pathlib.Path(__file__).resolve().parent / "_schedules"
+
+
+def committed_schedules() -> pathlib.Path:
+    return CHECKOUT_SCHEDULES if CHECKOUT_SCHEDULES.is_dir() else PACKAGED_SCHEDULES
+
+
 def schedules_path(kind: str, root=None) -> pathlib.Path:
-    return pathlib.Path(root or REPO / "schedules") / f"{target_name(kind)}.json"
+    return pathlib.Path(root or committed_schedules()) / f"{target_name(kind)}.json"
 
 
 def read_records(path) -> dict:
