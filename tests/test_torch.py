@@ -1181,3 +1181,35 @@ def test_the_readmes_pytorch_example_runs():
         scope = {}
         exec(compile(example, "README.md (PyTorch)", "exec"), scope)
     assert scope["y8"].dtype == torch.float8_e4m3fn and scope["h"].shape == scope["x"].shape
+
+
+FORKED_CHILDREN = """
+import faulthandler, multiprocessing, warnings
+import torch
+import tvmnorm.torch as tn
+warnings.simplefilter("ignore")
+x, w = torch.randn(512, 1024), torch.randn(1024)
+want = tn.rms_norm(x, w), tn.layer_norm(x, w, None)  # the parent's pool runs first
+
+def child(q):
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang ends the child, with its stack
+    q.put(torch.equal(tn.rms_norm(x, w), want[0]) and torch.equal(tn.layer_norm(x, w, None), want[1]))
+
+ctx = multiprocessing.get_context("fork")
+q = ctx.Queue()
+children = [ctx.Process(target=child, args=(q,)) for _ in range(3)]
+for p in children:
+    p.start()
+print("ok", sum(q.get(timeout=120) for _ in children))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_forked_children_run_cpu_kernels_after_their_parent_did():
+    """TVM's CPU thread pool is not rebuilt in a forked child: after the parent had run a CPU
+    kernel, a fork's first one (a DataLoader worker's, say) waited forever on worker threads the
+    child does not have. _tvm resets the pool in every forked child."""
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", FORKED_CHILDREN], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.split() == ["ok", "3"], res.stderr[-3000:]

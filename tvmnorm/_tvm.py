@@ -34,6 +34,26 @@ if FFI_VERSION.startswith(_BAD_FFI_PREFIX):
     raise ImportError(f"apache-tvm-ffi {FFI_VERSION} crashes MetaSchedule's JSON database; "
                       f"install apache-tvm-ffi==0.1.14.post0")
 
+
+def _reset_thread_pool_after_fork() -> None:
+    """TVM's CPU thread pool is not rebuilt in a forked child (it registers no atfork handler):
+    the child inherits the pool's queues but none of its worker threads, and its first parallel
+    kernel waited forever on them (a DataLoader worker, a multiprocessing fork, after the
+    parent had run a CPU norm). TVM's own ResetThreadPool, run in every forked child, gives it
+    a pool of its own; it is a C++ symbol of the runtime library, which has no Python entry for
+    it."""
+    lib = getattr(tvm.base, "_LOADED_LIBS", {}).get("tvm_runtime")
+    reset = getattr(lib, "_ZN3tvm7runtime9threading15ResetThreadPoolEv", None) if lib is not None else None
+    if reset is None:
+        raise ImportError("tvmnorm needs TVM's runtime symbol tvm::runtime::threading::ResetThreadPool "
+                          "(forked processes would hang in CPU kernels without it); install "
+                          "apache-tvm==0.27.0.post1")
+    reset.restype = None
+    os.register_at_fork(after_in_child=reset)
+
+
+_reset_thread_pool_after_fork()
+
 Schedule = s_tir.Schedule
 ScheduleError = s_tir.ScheduleError
 Trace = s_tir.Trace
