@@ -7,6 +7,7 @@ until a kernel is actually compiled.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import re
@@ -35,24 +36,28 @@ if FFI_VERSION.startswith(_BAD_FFI_PREFIX):
                       f"install apache-tvm-ffi==0.1.14.post0")
 
 
-def _reset_thread_pool_after_fork() -> None:
-    """TVM's CPU thread pool is not rebuilt in a forked child (it registers no atfork handler):
-    the child inherits the pool's queues but none of its worker threads, and its first parallel
-    kernel waited forever on them (a DataLoader worker, a multiprocessing fork, after the
-    parent had run a CPU norm). TVM's own ResetThreadPool, run in every forked child, gives it
-    a pool of its own; it is a C++ symbol of the runtime library, which has no Python entry for
-    it."""
+def _runtime_symbol(name: str, what: str):
+    """A C symbol of TVM's runtime library that has no Python entry."""
     lib = getattr(tvm.base, "_LOADED_LIBS", {}).get("tvm_runtime")
-    reset = getattr(lib, "_ZN3tvm7runtime9threading15ResetThreadPoolEv", None) if lib is not None else None
-    if reset is None:
-        raise ImportError("tvmnorm needs TVM's runtime symbol tvm::runtime::threading::ResetThreadPool "
-                          "(forked processes would hang in CPU kernels without it); install "
-                          "apache-tvm==0.27.0.post1")
-    reset.restype = None
-    os.register_at_fork(after_in_child=reset)
+    fn = getattr(lib, name, None) if lib is not None else None
+    if fn is None:
+        raise ImportError(f"tvmnorm needs TVM's runtime symbol {what}; install apache-tvm==0.27.0.post1")
+    return fn
 
 
-_reset_thread_pool_after_fork()
+# TVM's CPU thread pool is not rebuilt in a forked child (TVM registers no atfork handler): the
+# forking thread's pool keeps the parent's queues but none of its worker threads, and the child's
+# first parallel kernel waited forever on them (a DataLoader worker, a multiprocessing fork,
+# after the parent had run a CPU norm). In the child, TVM's concurrency is set to one, where its
+# parallel launch runs the kernel on the calling thread and never reaches the pool: a forked
+# child's CPU kernels run on one thread, as torch's DataLoader workers do. Rebuilding the pool
+# instead (TVM's ResetThreadPool) joins the parent's threads, which the child does not have:
+# run at the child's first kernel it aborted ("Invalid argument"), and run at every fork the
+# tuner's forked builders timed out in CI.
+_SET_MAX_CONCURRENCY = _runtime_symbol("_ZN3tvm7runtime9threading17SetMaxConcurrencyEi",
+                                       "tvm::runtime::threading::SetMaxConcurrency(int)")
+_SET_MAX_CONCURRENCY.argtypes, _SET_MAX_CONCURRENCY.restype = [ctypes.c_int], None
+os.register_at_fork(after_in_child=functools.partial(_SET_MAX_CONCURRENCY, 1))
 
 Schedule = s_tir.Schedule
 ScheduleError = s_tir.ScheduleError
