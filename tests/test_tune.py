@@ -1247,7 +1247,7 @@ def test_best_records_keeps_the_fastest_chunk_size(fastest):
     compile_funcs(funcs, "cuda")
 
 
-@pytest.mark.parametrize("chunk", (16, 64))
+@pytest.mark.parametrize("chunk", (8, 16, 64))
 def test_a_record_with_another_chunk_size_serves_right_results(tmp_path, chunk, rng, seed):
     """A record's rows_per_partial reaches the library's manifest and the runtime, which sizes
     the partials by it (llvm here; the path is the same on CUDA): dx, dgamma and dbeta stay
