@@ -1018,6 +1018,55 @@ def test_compile_per_head_view(gen):
     assert [tag[-1] for tag in _host._KERNELS] == ["heads"]  # the view itself, not a copy
 
 
+class AddBlock(Block):
+    """Block with the residual-add forms (rms_norm_add, layer_norm_add) as well."""
+
+    def forward(self, x, residual):
+        y, h = self.rms(self.lin(x), residual)
+        z, h2 = self.ln(torch.relu(y), h)
+        return z, h2
+
+
+def test_export_keeps_the_ops_and_serves_other_rows_after_save_and_load(gen, tmp_path):
+    """torch.export with a dynamic row count: the exported program calls the tvmnorm ops (not a
+    decomposition), serves row counts it was not traced at, and survives torch.export.save/load
+    (the loading process must have imported tvmnorm.torch, which registers the ops)."""
+    torch.manual_seed(0)
+    m = AddBlock()
+    with torch.no_grad():
+        m.rms.weight.add_(0.3 * torch.randn(128, generator=gen))
+        m.ln.bias.add_(0.3 * torch.randn(128, generator=gen))
+    rows = torch.export.Dim("rows", min=1)
+    ep = torch.export.export(m, (rand(gen, (4, 128)), rand(gen, (4, 128))),
+                             dynamic_shapes={"x": {0: rows}, "residual": {0: rows}})
+    code = ep.run_decompositions().graph_module.code
+    assert "tvmnorm.rms_norm_add_fwd" in code and "tvmnorm.layer_norm_add_fwd" in code, code
+    torch.export.save(ep, tmp_path / "block.pt2")
+    loaded = torch.export.load(tmp_path / "block.pt2").module()
+    for n in (1, 7, 33):
+        x, r = rand(gen, (n, 128), offset=1.0), rand(gen, (n, 128))
+        want = m(x, r)
+        for got in (ep.module()(x, r), loaded(x, r)):
+            for g, w in zip(got, want):
+                assert torch.equal(g, w)  # the same kernels on the same inputs
+        h = m.lin(x).detach().double() + r.double()
+        y = F.rms_norm(h, (128,), m.rms.weight.double(), 1e-6)
+        assert_close("h2", want[1], y.relu() + h)
+        assert_close("z", want[0], F.layer_norm(want[1].double(), (128,), m.ln.weight.double(),
+                                                m.ln.bias.double(), 1e-5))
+
+
+def test_aot_inductor_package_runs_the_ops(gen, tmp_path):
+    """An AOTInductor package of a model with tvmnorm modules runs them (through torch's proxy
+    executor, so in a Python process that imported tvmnorm.torch) and gives eager's results."""
+    m, x = _block_and_input(gen)
+    m.eval()
+    ep = torch.export.export(m, (x,))
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block.pt2"))
+    got = torch._inductor.aoti_load_package(path)(x)
+    torch.testing.assert_close(got, m(x))
+
+
 # ---------------------------------------------------------------------------------------------
 # modules
 
