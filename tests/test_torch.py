@@ -1068,6 +1068,102 @@ def test_aot_inductor_package_runs_the_ops(gen, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# torch.func transforms: checked against torch's own norms under the same transform, in float64
+# (one kernel call a sample there, so the references are the exact computation)
+
+F64 = torch.float64
+
+
+def _func_case(gen, shape=(3, 4, 64)):
+    return (rand(gen, shape, F64, offset=1.0), rand(gen, shape, F64), torch.randn(shape[-1], generator=gen, dtype=F64),
+            torch.randn(shape[-1], generator=gen, dtype=F64))
+
+
+def test_vmap_over_rows_and_over_weights_matches_torch(gen):
+    from torch.func import vmap
+    x, r, w, b = _func_case(gen)
+    H = x.shape[-1]
+    assert_close("rms", vmap(lambda t: tn.rms_norm(t, w))(x), F.rms_norm(x, (H,), w, 1e-6))
+    assert_close("ln", vmap(lambda t: tn.layer_norm(t, w, b), in_dims=1, out_dims=1)(x),
+                 F.layer_norm(x, (H,), w, b, 1e-5))
+    y, h = vmap(lambda t, u: tn.layer_norm_add(t, u, w, b))(x, r)
+    assert torch.equal(h, x + r)
+    assert_close("ln_add", y, F.layer_norm(x + r, (H,), w, b, 1e-5))
+    y, h = vmap(lambda t, u: tn.rms_norm_add(t, u, w), in_dims=(0, None))(x, r[0])
+    assert_close("rms_add", y, F.rms_norm(x + r[0], (H,), w, 1e-6))
+    # an ensemble: one weight (and bias) a member, the same x
+    ws, bs = torch.stack([w, 2 * w, -w]), torch.stack([b, -b, 0 * b])
+    assert_close("ensemble", vmap(lambda u, c: tn.layer_norm(x, u, c))(ws, bs),
+                 torch.stack([F.layer_norm(x, (H,), u, c, 1e-5) for u, c in zip(ws, bs)]))
+
+
+def test_per_sample_gradients_match_torch(gen):
+    """vmap(grad): each sample's weight gradient its own (not summed over the batch)."""
+    from torch.func import grad, vmap
+    x, r, w, b = _func_case(gen)
+    H = x.shape[-1]
+
+    def ours(w, b, t, u):
+        y, h = tn.layer_norm_add(t, u, w, b)
+        return (tn.rms_norm(y, w) * h.cos()).sum()
+
+    def theirs(w, b, t, u):
+        h = t + u
+        return (F.rms_norm(F.layer_norm(h, (H,), w, b, 1e-5), (H,), w, 1e-6) * h.cos()).sum()
+    got, want = (vmap(grad(f, argnums=(0, 1, 2, 3)), in_dims=(None, None, 0, 0))(w, b, x, r) for f in (ours, theirs))
+    for name, g, e in zip(("dw", "db", "dx", "dresidual"), got, want):
+        assert g.shape == e.shape and g.shape[0] == x.shape[0]
+        assert_close(name, g, e)
+
+
+def test_grad_vjp_jacrev_and_functional_call_match_torch(gen):
+    from torch.func import functional_call, grad, jacrev, vjp
+    x, r, w, b = _func_case(gen, (5, 32))
+    assert_close("jacrev", jacrev(lambda t: tn.rms_norm(t, w))(x[0]),
+                 jacrev(lambda t: F.rms_norm(t, (32,), w, 1e-6))(x[0]))
+    # only h of an add-norm used, then only y: the unused output's gradient is missing, not zeros
+    assert_close("h only", grad(lambda t: tn.rms_norm_add(t, r, w)[1].pow(2).sum())(x), 2 * (x + r))
+    assert_close("y only", grad(lambda t: tn.rms_norm_add(t, r, w)[0].sin().sum())(x),
+                 grad(lambda t: F.rms_norm(t + r, (32,), w, 1e-6).sin().sum())(x))
+    ct = rand(gen, (5, 32), F64)
+    (_, pull), (_, pull_ref) = vjp(lambda t: tn.layer_norm(t, w, b), x), vjp(lambda t: F.layer_norm(t, (32,), w, b), x)
+    assert_close("vjp", pull(ct)[0], pull_ref(ct)[0])
+    m = tn.LayerNorm(32, dtype=F64)
+    params = {"weight": w, "bias": b}
+    got = grad(lambda p: functional_call(m, p, (x,)).pow(3).sum())(params)
+    want = grad(lambda p: F.layer_norm(x, (32,), p["weight"], p["bias"]).pow(3).sum())(params)
+    for k in params:
+        assert_close(k, got[k], want[k])
+
+
+def test_vmap_of_fp8_ops_and_a_float32_norm_against_float64(gen):
+    """amax is each sample's own under vmap; a float32 norm under vmap against float64."""
+    from torch.func import vmap
+    x = rand(gen, (3, 4, 128), offset=1.0)
+    w = torch.randn(128, generator=gen)
+    y8, amax = vmap(lambda t: tn.rms_norm_fp8(t, w, 2.0))(x)
+    want = [tn.rms_norm_fp8(t, w, 2.0) for t in x]
+    assert torch.equal(y8.view(torch.uint8), torch.stack([v[0] for v in want]).view(torch.uint8))
+    assert torch.equal(amax, torch.stack([v[1] for v in want]))
+    assert len(set(amax.flatten().tolist())) == 3
+    y8, h, amax = vmap(lambda t: tn.layer_norm_add_fp8(t, t, w, None, 2.0))(x)
+    assert torch.equal(h, 2 * x) and amax.shape == (3, 1)
+    assert_close("y", vmap(lambda t: tn.rms_norm(t, w))(x), F.rms_norm(x.double(), (128,), w.double(), 1e-6),
+                 dtype=torch.float32)
+
+
+def test_transforms_that_are_not_supported_say_so(gen):
+    from torch.func import grad, jvp
+    x, _, w, _ = _func_case(gen, (4, 16))
+    with pytest.raises(RuntimeError, match="rms_norm_fp8 is forward-only"):
+        grad(lambda t: tn.rms_norm_fp8(t.float(), None, 2.0)[0].float().sum())(x)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        grad(lambda t: grad(lambda u: tn.rms_norm(u, w).pow(2).sum())(t).sum())(x)
+    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        jvp(lambda t: tn.layer_norm(t, w, None), (x,), (x,))
+
+
+# ---------------------------------------------------------------------------------------------
 # modules
 
 

@@ -8,7 +8,9 @@ Layers, thinnest first (STYLE.md lesson 6):
     LayerNormFunction  and bwd kernel; the eager path
     tvmnorm::* ops     torch.library.custom_op with fake implementations and register_autograd,
                        the same impls and the same backward; what torch.compile sees
-    rms_norm, ...      the public functions, picking one of the two
+    *_transformable    autograd.Functions in torch.func's form (setup_context, vmap by sample),
+                       the same impls; what vmap, grad, vjp and jacrev see
+    rms_norm, ...      the public functions, picking one of them
 
 rms_norm_add and layer_norm_add (residual add, then the norm) run one fwd_add kernel, which
 writes h = x + residual beside y, and the norm's backward as its bwd_add kernel, which adds the
@@ -37,6 +39,10 @@ Tensor = torch.Tensor
 # ---------------------------------------------------------------------------------------------
 # Gradients that must not be silently missing: nodes whose backward raises.
 
+NOT_TWICE = ("tvmnorm's norm backward is not differentiable (once_differentiable: its kernels have no "
+             "backward of their own), so a second derivative through it is not supported")
+
+
 def once_differentiable(backward):
     """The bwd kernels are not differentiable themselves: the gradients a backward returns under
     create_graph differentiate to an error, never silently to nothing. torch's
@@ -51,9 +57,7 @@ def once_differentiable(backward):
         if not torch.is_grad_enabled() or not any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in (*grads, *ctx.saved_tensors)):
             return outputs
-        return _refusing_backward("tvmnorm's norm backward is not differentiable (once_differentiable: its "
-                                  "kernels have no backward of their own), so a second derivative through it "
-                                  "is not supported", outputs)
+        return _refusing_backward(NOT_TWICE, outputs)
     return wrapper
 
 
@@ -74,9 +78,12 @@ def _forward_only(op: str, outputs: tuple, *inputs) -> tuple:
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in inputs):
         return outputs
     *values, amax = outputs
-    return (*_refusing_backward(f"{op} is forward-only (its fp8 output has no backward): for a "
-                                f"gradient, run the norm in bf16/fp16 (rms_norm, layer_norm, *_add) and "
-                                f"quantize its output", values), amax)
+    return (*_refusing_backward(_fp8_refusal(op), values), amax)
+
+
+def _fp8_refusal(op: str) -> str:
+    return (f"{op} is forward-only (its fp8 output has no backward): for a gradient, run the norm in "
+            f"bf16/fp16 (rms_norm, layer_norm, *_add) and quantize its output")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +276,109 @@ class LayerNormAddFunction(torch.autograd.Function):
         h, weight, mu, rs = ctx.saved_tensors
         dx, dw, db = _ln_add_bwd_impl(dy, dh, h, mu, rs, weight, ctx.zc)
         return dx, dx, dw, db, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.func transforms (vmap, grad, vjp, jacrev and their compositions).
+#
+# Under a transform the tensors are functorch wrappers without storage, which the kernels cannot
+# take, and torch.func accepts only an autograd.Function with setup_context (the eager Functions
+# above keep ctx in forward, the cheaper form for the common path) and, for vmap, a rule of its
+# own. These Functions run the same impls: forward on the unwrapped tensors, backward as another
+# such Function (the kernels again, not differentiable further), and vmap one kernel call per
+# sample, stacked: right for every op, a weight's gradient and an fp8 amax staying per sample,
+# where folding the batch into the rows would sum them over it.
+
+def _functorch_active() -> bool:
+    return torch._C._are_functorch_transforms_active()
+
+
+def _vmap_by_sample(apply, info, in_dims, args):
+    """A vmap rule: ``apply`` once per sample of the batch (the batched args selected at their
+    batch dim, each sample a copy: a view starts at an offset the llvm kernels may not take for
+    their vector moves), the outputs stacked along dim 0."""
+    outs = [apply(*[a if d is None else a.select(d, b).clone() for a, d in zip(args, in_dims)])
+            for b in range(info.batch_size)]
+    single = not isinstance(outs[0], tuple)
+    stacked = tuple(None if col[0] is None else torch.stack(col) for col in ([outs] if single else zip(*outs)))
+    dims = tuple(None if s is None else 0 for s in stacked)
+    return (stacked[0], dims[0]) if single else (stacked, dims)
+
+
+def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, input_grads=None, refusal=NOT_TWICE):
+    """An autograd.Function over ``fwd(*inputs) -> outputs`` for torch.func. ``stats`` are the
+    output positions that are statistics (never differentiable); the gradients of the first
+    ``diff_outputs`` outputs and ``save(inputs, outputs)`` go to ``bwd``, whose results
+    ``input_grads`` places at the inputs. Without ``bwd`` (the fp8 ops), a backward that reaches
+    an output raises ``refusal``."""
+
+    class Backward(torch.autograd.Function):
+        @staticmethod
+        def forward(*args):
+            return bwd(*args)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, *grads):
+            raise RuntimeError(NOT_TWICE)
+
+        @staticmethod
+        def vmap(info, in_dims, *args):
+            return _vmap_by_sample(Backward.apply, info, in_dims, args)
+
+    class Forward(torch.autograd.Function):
+        @staticmethod
+        def forward(*inputs):
+            return fwd(*inputs)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.mark_non_differentiable(*(output[i] for i in stats))
+            ctx.set_materialize_grads(False)
+            if bwd is not None:
+                ctx.save_for_backward(*save(inputs, output))
+                ctx.zc = inputs[-2]
+
+        @staticmethod
+        def backward(ctx, *grads):
+            if bwd is None:
+                raise RuntimeError(refusal)
+            grads = grads[:diff_outputs]
+            if all(g is None for g in grads):
+                return (None,) * len(ctx.needs_input_grad)
+            return input_grads(Backward.apply(*grads, *ctx.saved_tensors, ctx.zc))
+
+        @staticmethod
+        def jvp(ctx, *tangents):
+            raise NotImplementedError(f"{name}: tvmnorm's ops have no forward-mode derivative (torch.func.jvp, "
+                                      f"jacfwd, hessian); reverse mode (grad, vjp, jacrev) works")
+
+        @staticmethod
+        def vmap(info, in_dims, *args):
+            return _vmap_by_sample(Forward.apply, info, in_dims, args)
+
+    Forward.__name__ = Forward.__qualname__ = f"{name}_transformable"
+    Backward.__name__ = Backward.__qualname__ = f"{name}_transformable_backward"
+    return Forward
+
+
+# save(inputs, outputs) lists the saved tensors in the order of bwd's arguments after the gradients
+_RMS_T = _transformable("rms_norm", _rms_fwd_impl, _rms_bwd_impl, stats=(1,), save=lambda i, o: (i[0], o[1], i[1]),
+                        input_grads=lambda g: (*g, None, None, None))
+_LN_T = _transformable("layer_norm", _ln_fwd_impl, _ln_bwd_impl, stats=(1, 2),
+                       save=lambda i, o: (i[0], o[1], o[2], i[1]), input_grads=lambda g: (*g, None, None, None))
+_RMS_ADD_T = _transformable("rms_norm_add", _rms_add_fwd_impl, _rms_add_bwd_impl, stats=(2,), diff_outputs=2,
+                            save=lambda i, o: (o[1], o[2], i[2]),
+                            input_grads=lambda g: (g[0], g[0], g[1], None, None, None))
+_LN_ADD_T = _transformable("layer_norm_add", _ln_add_fwd_impl, _ln_add_bwd_impl, stats=(2, 3), diff_outputs=2,
+                           save=lambda i, o: (o[1], o[2], o[3], i[2]),
+                           input_grads=lambda g: (g[0], g[0], *g[1:], None, None, None))
+_FP8_T = {name: _transformable(name, impl, stats=(n - 1,), refusal=_fp8_refusal(name)) for name, impl, n in (
+    ("rms_norm_fp8", _rms_fp8_impl, 2), ("layer_norm_fp8", _ln_fp8_impl, 2),
+    ("rms_norm_add_fp8", _rms_add_fp8_impl, 3), ("layer_norm_add_fp8", _ln_add_fp8_impl, 3))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,6 +664,8 @@ def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, zero_cen
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, eps, zero_centered_gamma, out_dtype)[0]
+    if _functorch_active():
+        return _RMS_T.apply(x, weight, eps, zero_centered_gamma, out_dtype)[0]
     if _needs_grad(x, weight):
         return RMSNormFunction.apply(x, weight, eps, zero_centered_gamma, out_dtype)
     return _rms_fwd_impl(x, weight, eps, zero_centered_gamma, out_dtype)[0]
@@ -568,6 +680,8 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
         return layer_norm_fwd(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
+    if _functorch_active():
+        return _LN_T.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
     if _needs_grad(x, weight, bias):
         return LayerNormFunction.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)
     return _ln_fwd_impl(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
@@ -590,6 +704,8 @@ def rms_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: flo
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
         return rms_norm_add_fwd(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
+    if _functorch_active():
+        return _RMS_ADD_T.apply(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
     if _needs_grad(x, residual, weight):
         return RMSNormAddFunction.apply(x, residual, weight, eps, zero_centered_gamma, out_dtype)
     return _rms_add_fwd_impl(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
@@ -605,6 +721,8 @@ def layer_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: 
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
         return layer_norm_add_fwd(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
+    if _functorch_active():
+        return _LN_ADD_T.apply(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
     if _needs_grad(x, residual, weight, bias):
         return LayerNormAddFunction.apply(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)
     return _ln_add_fwd_impl(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
@@ -630,6 +748,8 @@ def rms_norm_fp8(x: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, 
     scale = _scale_tensor("rms_norm_fp8", scale, x)
     if torch.compiler.is_compiling():
         return rms_norm_fp8_op(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+    if _functorch_active():
+        return _FP8_T["rms_norm_fp8"].apply(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         out = _rms_fp8_impl(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     return _forward_only("rms_norm_fp8", out, x, weight)
@@ -642,6 +762,8 @@ def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
     scale = _scale_tensor("layer_norm_fp8", scale, x)
     if torch.compiler.is_compiling():
         return layer_norm_fp8_op(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+    if _functorch_active():
+        return _FP8_T["layer_norm_fp8"].apply(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         out = _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     return _forward_only("layer_norm_fp8", out, x, weight, bias)
@@ -658,6 +780,8 @@ def rms_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], scal
     scale = _scale_tensor("rms_norm_add_fp8", scale, x)
     if torch.compiler.is_compiling():
         return rms_norm_add_fp8_op(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
+    if _functorch_active():
+        return _FP8_T["rms_norm_add_fp8"].apply(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         out = _rms_add_fp8_impl(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     return _forward_only("rms_norm_add_fp8", out, x, residual, weight)
@@ -673,6 +797,9 @@ def layer_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], bi
     scale = _scale_tensor("layer_norm_add_fp8", scale, x)
     if torch.compiler.is_compiling():
         return layer_norm_add_fp8_op(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
+    if _functorch_active():
+        return _FP8_T["layer_norm_add_fp8"].apply(x, residual, weight, bias, scale, eps, zero_centered_gamma,
+                                                  fp8_dtype)
     with torch.no_grad():
         out = _ln_add_fp8_impl(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     return _forward_only("layer_norm_add_fp8", out, x, residual, weight, bias)
