@@ -366,3 +366,27 @@ def test_modules_train_in_graphed_callables(kind, gen):
     for _ in range(3):
         x = rand(gen, shape, torch.bfloat16, offset=1.0, requires_grad=True, device=DEV)
         check_fwd_bwd(norm, x, m.weight, b, eps, gen, fn=graphed)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+def test_per_sample_gradients_cuda(dtype, gen):
+    """torch.func on CUDA tensors: vmap(grad) gives each sample's gradients (test_torch.py checks
+    the transforms on the CPU against torch's norms in float64)."""
+    from torch.func import grad, vmap
+    x = rand(gen, (3, 5, 1000), dtype, offset=1.0, device=DEV)
+    w = (1 + 0.5 * torch.randn(1000, generator=gen)).to(DEV, dtype)
+    b = (0.5 * torch.randn(1000, generator=gen)).to(DEV, dtype)
+
+    c = rand(gen, (3, 5, 1000), dtype, device=DEV)  # dy, exact in the dtype: the error is the kernels' own
+
+    def loss(w, b, t, c):
+        return (tn.layer_norm(t, w, b).float() * c.float()).sum()
+
+    def reference(w, b, t, c):
+        return (F.layer_norm(t, (1000,), w, b, 1e-5) * c).sum()
+    got = vmap(grad(loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0))(w, b, x, c)
+    want = vmap(grad(reference, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0))(w.double(), b.double(), x.double(),
+                                                                                c.double())
+    for name, g, e in zip(("dw", "db", "dx"), got, want):
+        assert g.shape == e.shape and g.dtype == dtype
+        assert_close(name, g, e)
