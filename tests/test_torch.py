@@ -1067,6 +1067,31 @@ def test_aot_inductor_package_runs_the_ops(gen, tmp_path):
     torch.testing.assert_close(got, m(x))
 
 
+def test_meta_tensors_give_torchs_shapes_and_dtypes_forward_and_backward():
+    """On the meta device (shapes only: deferred init, FLOP counting) every op answers as the
+    torch.library op's fake implementation does, with torch's shapes and dtypes, and its
+    backward too."""
+    M = "meta"
+    x = torch.empty(2, 5, 64, device=M, dtype=torch.bfloat16, requires_grad=True)
+    r = torch.empty_like(x, requires_grad=True)
+    w = torch.empty(64, device=M, requires_grad=True)
+    b = torch.empty(64, device=M, requires_grad=True)
+    y = tn.rms_norm(x, w)
+    want = F.rms_norm(x, (64,), w)
+    assert (y.shape, y.dtype, y.device) == (want.shape, want.dtype, want.device)
+    y.float().sum().backward()
+    assert (x.grad.shape, x.grad.dtype, w.grad.shape, w.grad.dtype) == (x.shape, x.dtype, w.shape, w.dtype)
+    y, h = tn.layer_norm_add(x, r, w, b, out_dtype=torch.float32)
+    assert (y.dtype, h.dtype, y.device, h.shape) == (torch.float32, x.dtype, x.device, x.shape)
+    (y.sum() + h.float().sum()).backward()
+    assert r.grad.shape == x.shape and b.grad.shape == (64,)
+    y8, h, amax = tn.rms_norm_add_fp8(x.detach(), r.detach(), w.detach(), 2.0)
+    assert (y8.dtype, y8.shape, h.shape, amax.shape) == (torch.float8_e4m3fn, x.shape, x.shape, (1,))
+    assert tn.LayerNorm(64, device=M)(torch.empty(3, 7, 64, device=M)).shape == (3, 7, 64)
+    with pytest.raises(ValueError, match="x is on meta but weight is on cpu"):
+        tn.rms_norm(torch.empty(3, 64, device=M), torch.ones(64))
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.func transforms: checked against torch's own norms under the same transform, in float64
 # (one kernel call a sample there, so the references are the exact computation)

@@ -104,14 +104,19 @@ def check_x(op: str, x, weights) -> int:
         raise ValueError(f"{op}: the normalized (last) dimension of x has size {hidden}; supported sizes "
                          f"are 1 .. {MAX_HIDDEN}")
     cuda = x.is_cuda
+    meta = False
     if not (cuda or x.is_cpu):
-        raise ValueError(f"{op}: x is on {x.device}; tvmnorm runs on cpu and cuda tensors")
+        # meta tensors (shapes only) reach here from the ops' fake implementations
+        if not x.is_meta:
+            raise ValueError(f"{op}: x is on {x.device}; tvmnorm runs on cpu and cuda tensors (and meta, "
+                             f"for shapes)")
+        meta = True
     index = x.get_device()  # -1 on the CPU; with is_cuda/is_cpu it names the device without a torch.device
     for name, w in weights:
         if w.shape != (hidden,):
             raise ValueError(f"{op}: {name} must have shape [{hidden}] (the last dimension of x), "
                              f"got {list(w.shape)}")
-        if not (w.is_cuda if cuda else w.is_cpu) or w.get_device() != index:
+        if not (w.is_cuda if cuda else w.is_meta if meta else w.is_cpu) or w.get_device() != index:
             raise ValueError(f"{op}: x is on {x.device} but {name} is on {w.device}")
     if not x.is_contiguous():
         groups = row_groups(x, hidden)

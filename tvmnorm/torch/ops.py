@@ -662,7 +662,7 @@ def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, zero_cen
     """
     weight, _ = _affine("rms_norm", x, weight, None, zero_centered_gamma, False)
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_fwd(x, weight, eps, zero_centered_gamma, out_dtype)[0]
     if _functorch_active():
         return _RMS_T.apply(x, weight, eps, zero_centered_gamma, out_dtype)[0]
@@ -678,7 +678,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps:
     rules as :func:`rms_norm`; weight and bias share one dtype."""
     weight, bias = _affine("layer_norm", x, weight, bias, zero_centered_gamma, True)
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_fwd(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
     if _functorch_active():
         return _LN_T.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
@@ -702,7 +702,7 @@ def rms_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: flo
     weight, _ = _affine("rms_norm_add", x, weight, None, zero_centered_gamma, False)
     _check_tensor("rms_norm_add", "residual", residual)
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_add_fwd(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
     if _functorch_active():
         return _RMS_ADD_T.apply(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
@@ -719,7 +719,7 @@ def layer_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: 
     weight, bias = _affine("layer_norm_add", x, weight, bias, zero_centered_gamma, True)
     _check_tensor("layer_norm_add", "residual", residual)
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_add_fwd(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
     if _functorch_active():
         return _LN_ADD_T.apply(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
@@ -746,7 +746,7 @@ def rms_norm_fp8(x: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, 
     requires grad, a backward that reaches y_fp8 raises (amax never requires grad)."""
     weight, _ = _affine("rms_norm_fp8", x, weight, None, zero_centered_gamma, False)
     scale = _scale_tensor("rms_norm_fp8", scale, x)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_fp8_op(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     if _functorch_active():
         return _FP8_T["rms_norm_fp8"].apply(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
@@ -760,7 +760,7 @@ def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
     """LayerNorm with a fused fp8 cast: ``(y_fp8, amax)`` as in :func:`rms_norm_fp8`."""
     weight, bias = _affine("layer_norm_fp8", x, weight, bias, zero_centered_gamma, True)
     scale = _scale_tensor("layer_norm_fp8", scale, x)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_fp8_op(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     if _functorch_active():
         return _FP8_T["layer_norm_fp8"].apply(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
@@ -778,7 +778,7 @@ def rms_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], scal
     weight, _ = _affine("rms_norm_add_fp8", x, weight, None, zero_centered_gamma, False)
     _check_tensor("rms_norm_add_fp8", "residual", residual)
     scale = _scale_tensor("rms_norm_add_fp8", scale, x)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_add_fp8_op(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     if _functorch_active():
         return _FP8_T["rms_norm_add_fp8"].apply(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
@@ -795,7 +795,7 @@ def layer_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], bi
     weight, bias = _affine("layer_norm_add_fp8", x, weight, bias, zero_centered_gamma, True)
     _check_tensor("layer_norm_add_fp8", "residual", residual)
     scale = _scale_tensor("layer_norm_add_fp8", scale, x)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_add_fp8_op(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     if _functorch_active():
         return _FP8_T["layer_norm_add_fp8"].apply(x, residual, weight, bias, scale, eps, zero_centered_gamma,
