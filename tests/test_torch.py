@@ -1116,6 +1116,9 @@ def test_vmap_over_rows_and_over_weights_matches_torch(gen):
     assert_close("ln_add", y, F.layer_norm(x + r, (H,), w, b, 1e-5))
     y, h = vmap(lambda t, u: tn.rms_norm_add(t, u, w), in_dims=(0, None))(x, r[0])
     assert_close("rms_add", y, F.rms_norm(x + r[0], (H,), w, 1e-6))
+    assert_close("nested", vmap(vmap(lambda t: tn.rms_norm(t, w)))(x), F.rms_norm(x, (H,), w, 1e-6))
+    assert_close("one row a sample", vmap(lambda t: tn.layer_norm(t, w, b))(x[:, 0]),
+                 F.layer_norm(x[:, 0], (H,), w, b, 1e-5))
     # an ensemble: one weight (and bias) a member, the same x
     ws, bs = torch.stack([w, 2 * w, -w]), torch.stack([b, -b, 0 * b])
     assert_close("ensemble", vmap(lambda u, c: tn.layer_norm(x, u, c))(ws, bs),

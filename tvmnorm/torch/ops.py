@@ -305,12 +305,28 @@ def _vmap_by_sample(apply, info, in_dims, args):
     return (stacked[0], dims[0]) if single else (stacked, dims)
 
 
-def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, input_grads=None, refusal=NOT_TWICE):
+def _vmap_folded(apply, info, in_dims, args, row_args: int, stats):
+    """A vmap rule for a norm's forward whose batched args are all among its first ``row_args``
+    (x, and residual): the batch becomes leading rows of one call (the norm is row by row), and
+    each statistic, one value a row, is split back by sample. None where another arg is batched
+    (a weight: an ensemble), which needs a call a sample."""
+    if any(d is not None for d in in_dims[row_args:]):
+        return None
+    B = info.batch_size
+    rows = [a.expand(B, *a.shape) if d is None else a.movedim(d, 0) for a, d in zip(args[:row_args], in_dims)]
+    outs = apply(*[a.contiguous() for a in rows], *args[row_args:])
+    return tuple(o.reshape(B, -1) if i in stats else o for i, o in enumerate(outs)), (0,) * len(outs)
+
+
+def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, input_grads=None, refusal=NOT_TWICE,
+                   row_args=0):
     """An autograd.Function over ``fwd(*inputs) -> outputs`` for torch.func. ``stats`` are the
     output positions that are statistics (never differentiable); the gradients of the first
     ``diff_outputs`` outputs and ``save(inputs, outputs)`` go to ``bwd``, whose results
     ``input_grads`` places at the inputs. Without ``bwd`` (the fp8 ops), a backward that reaches
-    an output raises ``refusal``."""
+    an output raises ``refusal``. With ``row_args``, vmap folds a batch of those first args into
+    the rows of one call (_vmap_folded); the backward's vmap is always by sample, each sample's
+    weight gradient its own sum."""
 
     class Backward(torch.autograd.Function):
         @staticmethod
@@ -358,7 +374,8 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
 
         @staticmethod
         def vmap(info, in_dims, *args):
-            return _vmap_by_sample(Forward.apply, info, in_dims, args)
+            folded = _vmap_folded(Forward.apply, info, in_dims, args, row_args, stats) if row_args else None
+            return folded or _vmap_by_sample(Forward.apply, info, in_dims, args)
 
     Forward.__name__ = Forward.__qualname__ = f"{name}_transformable"
     Backward.__name__ = Backward.__qualname__ = f"{name}_transformable_backward"
@@ -367,13 +384,15 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
 
 # save(inputs, outputs) lists the saved tensors in the order of bwd's arguments after the gradients
 _RMS_T = _transformable("rms_norm", _rms_fwd_impl, _rms_bwd_impl, stats=(1,), save=lambda i, o: (i[0], o[1], i[1]),
-                        input_grads=lambda g: (*g, None, None, None))
-_LN_T = _transformable("layer_norm", _ln_fwd_impl, _ln_bwd_impl, stats=(1, 2),
+                        input_grads=lambda g: (*g, None, None, None), row_args=1)
+_LN_T = _transformable("layer_norm", _ln_fwd_impl, _ln_bwd_impl, stats=(1, 2), row_args=1,
                        save=lambda i, o: (i[0], o[1], o[2], i[1]), input_grads=lambda g: (*g, None, None, None))
 _RMS_ADD_T = _transformable("rms_norm_add", _rms_add_fwd_impl, _rms_add_bwd_impl, stats=(2,), diff_outputs=2,
+                            row_args=2,
                             save=lambda i, o: (o[1], o[2], i[2]),
                             input_grads=lambda g: (g[0], g[0], g[1], None, None, None))
 _LN_ADD_T = _transformable("layer_norm_add", _ln_add_fwd_impl, _ln_add_bwd_impl, stats=(2, 3), diff_outputs=2,
+                           row_args=2,
                            save=lambda i, o: (o[1], o[2], o[3], i[2]),
                            input_grads=lambda g: (g[0], g[0], *g[1:], None, None, None))
 _FP8_T = {name: _transformable(name, impl, stats=(n - 1,), refusal=_fp8_refusal(name)) for name, impl, n in (
