@@ -285,9 +285,9 @@ class LayerNormAddFunction(torch.autograd.Function):
 # take, and torch.func accepts only an autograd.Function with setup_context (the eager Functions
 # above keep ctx in forward, the cheaper form for the common path) and, for vmap, a rule of its
 # own. These Functions run the same impls: forward on the unwrapped tensors, backward as another
-# such Function (the kernels again, not differentiable further), and vmap one kernel call per
-# sample, stacked: right for every op, a weight's gradient and an fp8 amax staying per sample,
-# where folding the batch into the rows would sum them over it.
+# such Function (the kernels again, not differentiable further). Under vmap a norm's forward
+# folds a batch of x into its rows (one call); the rest takes one call a sample, stacked, where
+# folding would sum a weight's gradient or an fp8 amax over the batch.
 
 def _functorch_active() -> bool:
     return torch._C._are_functorch_transforms_active()
