@@ -323,27 +323,13 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
     """An autograd.Function over ``fwd(*inputs) -> outputs`` for torch.func. ``stats`` are the
     output positions that are statistics (never differentiable); the gradients of the first
     ``diff_outputs`` outputs and ``save(inputs, outputs)`` go to ``bwd``, whose results
-    ``input_grads`` places at the inputs. Without ``bwd`` (the fp8 ops), a backward that reaches
-    an output raises ``refusal``. With ``row_args``, vmap folds a batch of those first args into
+    ``input_grads`` places at the inputs. Without ``bwd`` (the fp8 ops, and a backward's own
+    Function), a backward that reaches an output raises ``refusal``. With ``row_args``, vmap folds a batch of those first args into
     the rows of one call (_vmap_folded); the backward's vmap is always by sample, each sample's
     weight gradient its own sum."""
 
-    class Backward(torch.autograd.Function):
-        @staticmethod
-        def forward(*args):
-            return bwd(*args)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            pass
-
-        @staticmethod
-        def backward(ctx, *grads):
-            raise RuntimeError(NOT_TWICE)
-
-        @staticmethod
-        def vmap(info, in_dims, *args):
-            return _vmap_by_sample(Backward.apply, info, in_dims, args)
+    # the backward's own Function: the bwd kernels, whose backward raises (not differentiable)
+    backward_function = _transformable(f"{name}_backward", bwd) if bwd is not None else None
 
     class Forward(torch.autograd.Function):
         @staticmethod
@@ -365,7 +351,7 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
             grads = grads[:diff_outputs]
             if all(g is None for g in grads):
                 return (None,) * len(ctx.needs_input_grad)
-            return input_grads(Backward.apply(*grads, *ctx.saved_tensors, ctx.zc))
+            return input_grads(backward_function.apply(*grads, *ctx.saved_tensors, ctx.zc))
 
         @staticmethod
         def jvp(ctx, *tangents):
@@ -378,7 +364,6 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
             return folded or _vmap_by_sample(Forward.apply, info, in_dims, args)
 
     Forward.__name__ = Forward.__qualname__ = f"{name}_transformable"
-    Backward.__name__ = Backward.__qualname__ = f"{name}_transformable_backward"
     return Forward
 
 
