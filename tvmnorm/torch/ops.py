@@ -8,7 +8,7 @@ Layers, thinnest first (STYLE.md lesson 6):
     LayerNormFunction  and bwd kernel; the eager path
     tvmnorm::* ops     torch.library.custom_op with fake implementations and register_autograd,
                        the same impls and the same backward; what torch.compile sees
-    *_transformable    autograd.Functions in torch.func's form (setup_context, vmap by sample),
+    *_transformable    autograd.Functions in torch.func's form (setup_context, vmap rules),
                        the same impls; what vmap, grad, vjp and jacrev see
     rms_norm, ...      the public functions, picking one of them
 
@@ -324,9 +324,9 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
     output positions that are statistics (never differentiable); the gradients of the first
     ``diff_outputs`` outputs and ``save(inputs, outputs)`` go to ``bwd``, whose results
     ``input_grads`` places at the inputs. Without ``bwd`` (the fp8 ops, and a backward's own
-    Function), a backward that reaches an output raises ``refusal``. With ``row_args``, vmap folds a batch of those first args into
-    the rows of one call (_vmap_folded); the backward's vmap is always by sample, each sample's
-    weight gradient its own sum."""
+    Function), a backward that reaches an output raises ``refusal``. With ``row_args``, vmap
+    folds a batch of those first args into the rows of one call (_vmap_folded); the backward's
+    vmap is always by sample, each sample's weight gradient its own sum."""
 
     # the backward's own Function: the bwd kernels, whose backward raises (not differentiable)
     backward_function = _transformable(f"{name}_backward", bwd) if bwd is not None else None
