@@ -1,10 +1,11 @@
 # For the next H200 lease (written in session 71, named for lease 84, which came as an H100), one
 # call after the staging call, ON AN H200 ONLY (carry .device/b, .device/next; ~300 s): every T
 # adopted on an H100's A/B (the records that carry `chunk_rows_ab`: lease 82's layernorm bwd 2560
-# at 48 and rmsnorm bwd 5120 at 40, lease 84's rmsnorm bwd_add 2560 at 32, lease 87's rmsnorm and
-# layernorm bwd_add 512 and rmsnorm bwd_add 1024 at 16, lease 88's fp16 rmsnorm bwd_add 512 at 8,
-# layernorm bwd_add 512 at 16 and rmsnorm bwd_add 1024 at 24) checked against float64 and timed
-# on the H200 against the same records at their former T, whole calls at 16384 tokens in the
+# at 48 and rmsnorm bwd 5120 at 40, lease 84's rmsnorm bwd_add 2560 at 32, lease 87's layernorm
+# bwd_add 512 and rmsnorm bwd_add 1024 at 16, lease 88's fp16 rmsnorm bwd_add 512 at 8, layernorm
+# bwd_add 512 at 16 and rmsnorm bwd_add 1024 at 24, lease 89's bf16 rmsnorm bwd_add 512 at 8 (from
+# lease 87's 16)) checked against float64 and timed on the H200 against the same records at their
+# former T (the T of the last A/B's from_T), whole calls at 16384 tokens in the
 # records' dtypes, old new new old old new; the other bwd and bwd_add keys at those widths and
 # dtypes are in both libraries unchanged (the drift's control).
 source bench/lease_env.sh || exit 1
