@@ -1094,7 +1094,7 @@ def test_meta_tensors_give_torchs_shapes_and_dtypes_forward_and_backward():
 
 # ---------------------------------------------------------------------------------------------
 # torch.func transforms: checked against torch's own norms under the same transform, in float64
-# (one kernel call a sample there, so the references are the exact computation)
+# (the same inputs, so the references are the exact computation)
 
 F64 = torch.float64
 
@@ -1142,6 +1142,44 @@ def test_per_sample_gradients_match_torch(gen):
     for name, g, e in zip(("dw", "db", "dx", "dresidual"), got, want):
         assert g.shape == e.shape and g.shape[0] == x.shape[0]
         assert_close(name, g, e)
+
+
+_PER_SAMPLE_OPS = {  # op -> (ours, torch's, the backward stage): loss(w, b, t, u, c) of a sample
+    "rms_norm": (lambda w, b, t, u, c: (tn.rms_norm(t, w) * c).sum(),
+                 lambda w, b, t, u, c: (F.rms_norm(t, (t.shape[-1],), w, 1e-6) * c).sum(), "bwd"),
+    "layer_norm": (lambda w, b, t, u, c: (tn.layer_norm(t, w, b, zero_centered_gamma=True) * c).sum(),
+                   lambda w, b, t, u, c: (F.layer_norm(t, (t.shape[-1],), w + 1, b, 1e-5) * c).sum(), "bwd"),
+    # y alone: dh is None, the plain backward with h's gradient
+    "rms_norm_add y": (lambda w, b, t, u, c: (tn.rms_norm_add(t, u, w)[0] * c).sum(),
+                       lambda w, b, t, u, c: (F.rms_norm(t + u, (t.shape[-1],), w, 1e-6) * c).sum(), "bwd"),
+    "layer_norm_add": (lambda w, b, t, u, c: sum((o * c).sum() for o in tn.layer_norm_add(t, u, w, b)),
+                       lambda w, b, t, u, c: ((F.layer_norm(t + u, (t.shape[-1],), w, b, 1e-5) + t + u) * c).sum(),
+                       "bwd_add"),
+}
+
+
+@pytest.mark.parametrize("op", _PER_SAMPLE_OPS)
+@pytest.mark.parametrize("dtype, shape, x_dim", ((torch.float32, (5, 3, 1000), 0), (torch.bfloat16, (4, 7, 64), 1),
+                                                 (torch.float32, (6, 256), 0)), ids=("fp32", "bf16-dim1", "one-row"))
+def test_per_sample_gradients_are_one_backward_call(op, dtype, shape, x_dim, monkeypatch, gen):
+    """vmap(grad) over a batch of x with shared weights: the forward and the backward are one
+    kernel call each over the whole batch (not one a sample), and each sample's weight gradients
+    are its own, against torch's norms in float64 (fp32 weights with a bf16 x: the gradients
+    keep each input's dtype). x is batched along ``x_dim``; the last case is one row a sample."""
+    from torch.func import grad, vmap
+    ours, theirs, stage = _PER_SAMPLE_OPS[op]
+    x, u, c = (rand(gen, shape, dtype, offset=1.0) for _ in range(3))
+    if x_dim:
+        x = x.movedim(0, x_dim).contiguous()
+    w, b = torch.randn(shape[-1], generator=gen), torch.randn(shape[-1], generator=gen)
+    spy = Spy(monkeypatch)
+    dims = (None, None, x_dim, 0, 0)
+    got = vmap(grad(ours, argnums=(0, 1, 2, 3)), in_dims=dims)(w, b, x, u, c)
+    assert [k.key.stage for k, _ in spy.calls] == [spy.calls[0][0].key.stage, stage], "not one call each way"
+    want = vmap(grad(theirs, argnums=(0, 1, 2, 3)), in_dims=dims)(*(a.double() for a in (w, b, x, u, c)))
+    for name, g, e, a in zip(("dw", "db", "dx", "du"), got, want, (w, b, x, u)):
+        assert g.dtype == a.dtype, name
+        assert_close(f"{op} {name}", g, e, dtype=dtype)  # zeros where the loss does not use it
 
 
 def test_grad_vjp_jacrev_and_functional_call_match_torch(gen):

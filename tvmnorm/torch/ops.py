@@ -286,8 +286,9 @@ class LayerNormAddFunction(torch.autograd.Function):
 # above keep ctx in forward, the cheaper form for the common path) and, for vmap, a rule of its
 # own. These Functions run the same impls: forward on the unwrapped tensors, backward as another
 # such Function (the kernels again, not differentiable further). Under vmap a norm's forward
-# folds a batch of x into its rows (one call); the rest takes one call a sample, stacked, where
-# folding would sum a weight's gradient or an fp8 amax over the batch.
+# and backward fold a batch of x into their rows (one call each; the backward's weight
+# gradients, which its kernel sums over every row, are summed again by sample); a batch of
+# weights and the fp8 ops (whose amax would be the batch's) take one call a sample, stacked.
 
 def _functorch_active() -> bool:
     return torch._C._are_functorch_transforms_active()
@@ -305,31 +306,72 @@ def _vmap_by_sample(apply, info, in_dims, args):
     return (stacked[0], dims[0]) if single else (stacked, dims)
 
 
-def _vmap_folded(apply, info, in_dims, args, row_args: int, stats):
-    """A vmap rule for a norm's forward whose batched args are all among its first ``row_args``
-    (x, and residual): the batch becomes leading rows of one call (the norm is row by row), and
-    each statistic, one value a row, is split back by sample. None where another arg is batched
-    (a weight: an ensemble), which needs a call a sample."""
-    if any(d is not None for d in in_dims[row_args:]):
+def _vmap_folded(apply, info, in_dims, args, row_args: int, regroup, stat_args=(), needed=()):
+    """A vmap rule for a norm's forward or backward whose batched args are all among its first
+    ``row_args`` (x, residual, dy, the statistics): the batch becomes leading rows of one call
+    (the norm is row by row; ``stat_args``, one value a row, are flattened to match), and
+    ``regroup(outs, rows, B)`` splits by sample what the call summed or flattened. None where
+    another arg is batched (a weight: an ensemble), which needs a call a sample, or where an arg
+    of ``needed`` is None."""
+    if any(d is not None for d in in_dims[row_args:]) or any(args[i] is None for i in needed):
         return None
     B = info.batch_size
-    rows = [a.expand(B, *a.shape) if d is None else a.movedim(d, 0) for a, d in zip(args[:row_args], in_dims)]
-    outs = apply(*[a.contiguous() for a in rows], *args[row_args:])
-    return tuple(o.reshape(B, -1) if i in stats else o for i, o in enumerate(outs)), (0,) * len(outs)
+    rows = [None if a is None else (a.expand(B, *a.shape) if d is None else a.movedim(d, 0)).contiguous()
+            for a, d in zip(args[:row_args], in_dims)]
+    rows = [a.reshape(-1) if i in stat_args else a for i, a in enumerate(rows)]
+    outs = regroup(apply(*rows, *args[row_args:]), rows, B)
+    return outs, (0,) * len(outs)
+
+
+def _weight_grads_by_sample(dy, x, mu, rs, B):
+    """Each sample's weight gradients, (dgamma,) or with ``mu`` (layernorm) (dgamma, dbeta), from
+    the folded rows of a batch of B samples: the sums over a sample's rows of dy * xhat (and of
+    dy), in fp32 (fp64 for fp64), where the kernel's finalize sums over every row of the call.
+    rsigma enters through a batched product over the rows, so one temporary of x's size is made
+    (three made the sums slower than the dx kernel on the CPU)."""
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    H = x.shape[-1]
+    dy, x = dy.to(ct).reshape(B, -1, H), x.to(ct).reshape(B, -1, H)
+    dy_xc = dy * x if mu is None else (x - mu.reshape(B, -1, 1)).mul_(dy)
+    dgamma = torch.bmm(rs.reshape(B, 1, -1), dy_xc).reshape(B, H)
+    return (dgamma,) + (() if mu is None else (dy.sum(1),))
+
+
+def _backward_fold(at):
+    """The fold of a backward's vmap (_vmap_folded's keywords): ``at`` is where dy, x (or h), mu
+    (None for rmsnorm) and rsigma are among its args. dx comes from one kernel call over the
+    whole batch; each sample's weight gradients are summed apart (_weight_grads_by_sample). A
+    missing dy (an add-norm whose y is unused) leaves it to the rule by sample."""
+    def regroup(outs, rows, B):
+        dy, x, mu, rs = (None if i is None else rows[i] for i in at)
+        return (outs[0], *(g.to(o.dtype) for g, o in zip(_weight_grads_by_sample(dy, x, mu, rs, B), outs[1:])))
+    return {"row_args": max(i for i in at if i is not None) + 1, "regroup": regroup,
+            "stat_args": tuple(i for i in at[2:] if i is not None), "needed": (at[0],)}
+
+
+def _forward_fold(row_args: int, stats):
+    """The fold of a forward's vmap (_vmap_folded's keywords): its first ``row_args`` args (x,
+    and residual) are rows; each statistic (one value a row) is split back by sample."""
+    def regroup(outs, rows, B):
+        return tuple(o.reshape(B, -1) if i in stats else o for i, o in enumerate(outs))
+    return {"row_args": row_args, "regroup": regroup}
 
 
 def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, input_grads=None, refusal=NOT_TWICE,
-                   row_args=0):
+                   row_args=0, bwd_at=None, fold=None):
     """An autograd.Function over ``fwd(*inputs) -> outputs`` for torch.func. ``stats`` are the
     output positions that are statistics (never differentiable); the gradients of the first
     ``diff_outputs`` outputs and ``save(inputs, outputs)`` go to ``bwd``, whose results
     ``input_grads`` places at the inputs. Without ``bwd`` (the fp8 ops, and a backward's own
-    Function), a backward that reaches an output raises ``refusal``. With ``row_args``, vmap
-    folds a batch of those first args into the rows of one call (_vmap_folded); the backward's
-    vmap is always by sample, each sample's weight gradient its own sum."""
+    Function), a backward that reaches an output raises ``refusal``. vmap folds a batch into the
+    rows of one call by ``fold`` (_vmap_folded's keywords), by default the forward's of its
+    first ``row_args`` args (_forward_fold), else it takes a call a sample; ``bwd_at`` (where dy,
+    x, mu and rsigma are among bwd's args) folds the backward's (_backward_fold)."""
+    fold = fold or (_forward_fold(row_args, stats) if row_args else None)
 
     # the backward's own Function: the bwd kernels, whose backward raises (not differentiable)
-    backward_function = _transformable(f"{name}_backward", bwd) if bwd is not None else None
+    backward_function = None if bwd is None else _transformable(
+        f"{name}_backward", bwd, fold=None if bwd_at is None else _backward_fold(bwd_at))
 
     class Forward(torch.autograd.Function):
         @staticmethod
@@ -360,7 +402,7 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
 
         @staticmethod
         def vmap(info, in_dims, *args):
-            folded = _vmap_folded(Forward.apply, info, in_dims, args, row_args, stats) if row_args else None
+            folded = _vmap_folded(Forward.apply, info, in_dims, args, **fold) if fold else None
             return folded or _vmap_by_sample(Forward.apply, info, in_dims, args)
 
     Forward.__name__ = Forward.__qualname__ = f"{name}_transformable"
@@ -369,15 +411,15 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
 
 # save(inputs, outputs) lists the saved tensors in the order of bwd's arguments after the gradients
 _RMS_T = _transformable("rms_norm", _rms_fwd_impl, _rms_bwd_impl, stats=(1,), save=lambda i, o: (i[0], o[1], i[1]),
-                        input_grads=lambda g: (*g, None, None, None), row_args=1)
-_LN_T = _transformable("layer_norm", _ln_fwd_impl, _ln_bwd_impl, stats=(1, 2), row_args=1,
+                        input_grads=lambda g: (*g, None, None, None), row_args=1, bwd_at=(0, 1, None, 2))
+_LN_T = _transformable("layer_norm", _ln_fwd_impl, _ln_bwd_impl, stats=(1, 2), row_args=1, bwd_at=(0, 1, 2, 3),
                        save=lambda i, o: (i[0], o[1], o[2], i[1]), input_grads=lambda g: (*g, None, None, None))
 _RMS_ADD_T = _transformable("rms_norm_add", _rms_add_fwd_impl, _rms_add_bwd_impl, stats=(2,), diff_outputs=2,
-                            row_args=2,
+                            row_args=2, bwd_at=(0, 2, None, 3),
                             save=lambda i, o: (o[1], o[2], i[2]),
                             input_grads=lambda g: (g[0], g[0], g[1], None, None, None))
 _LN_ADD_T = _transformable("layer_norm_add", _ln_add_fwd_impl, _ln_add_bwd_impl, stats=(2, 3), diff_outputs=2,
-                           row_args=2,
+                           row_args=2, bwd_at=(0, 2, 3, 4),
                            save=lambda i, o: (o[1], o[2], o[3], i[2]),
                            input_grads=lambda g: (g[0], g[0], *g[1:], None, None, None))
 _FP8_T = {name: _transformable(name, impl, stats=(n - 1,), refusal=_fp8_refusal(name)) for name, impl, n in (
