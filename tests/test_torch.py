@@ -1182,6 +1182,18 @@ def test_per_sample_gradients_are_one_backward_call(op, dtype, shape, x_dim, mon
         assert_close(f"{op} {name}", g, e, dtype=dtype)  # zeros where the loss does not use it
 
 
+@pytest.mark.parametrize("shape", ((0, 3, 64), (4, 0, 64), (0, 64)), ids=("no-samples", "no-rows", "no-samples-1d"))
+def test_per_sample_gradients_of_empty_batches(shape):
+    """A batch of no samples, or samples of no rows: torch's shapes, zero weight gradients (the
+    folded call's rows a sample come from x's shape, not from dividing a total of none)."""
+    from torch.func import grad, vmap
+    x, w, b = torch.randn(shape), torch.randn(64), torch.randn(64)
+    dw, dx = vmap(grad(lambda w, t: tn.layer_norm_add(t, t, w, b)[0].pow(2).sum(), argnums=(0, 1)),
+                  in_dims=(None, 0))(w, x)
+    assert (dw.shape, dx.shape) == ((shape[0], 64), shape) and not dw.any()
+    assert vmap(lambda t: tn.rms_norm(t, w))(x).shape == shape
+
+
 def test_grad_vjp_jacrev_and_functional_call_match_torch(gen):
     from torch.func import functional_call, grad, jacrev, vjp
     x, r, w, b = _func_case(gen, (5, 32))

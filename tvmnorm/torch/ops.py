@@ -26,6 +26,7 @@ Without grad, eager calls skip autograd altogether.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -310,30 +311,32 @@ def _vmap_folded(apply, info, in_dims, args, row_args: int, regroup, stat_args=(
     """A vmap rule for a norm's forward or backward whose batched args are all among its first
     ``row_args`` (x, residual, dy, the statistics): the batch becomes leading rows of one call
     (the norm is row by row; ``stat_args``, one value a row, are flattened to match), and
-    ``regroup(outs, rows, B)`` splits by sample what the call summed or flattened. None where
-    another arg is batched (a weight: an ensemble), which needs a call a sample, or where an arg
-    of ``needed`` is None."""
+    ``regroup(outs, rows, B, n)`` (n rows a sample) splits by sample what the call summed or
+    flattened. None where another arg is batched (a weight: an ensemble), which needs a call a
+    sample, or where an arg of ``needed`` is None."""
     if any(d is not None for d in in_dims[row_args:]) or any(args[i] is None for i in needed):
         return None
     B = info.batch_size
     rows = [None if a is None else (a.expand(B, *a.shape) if d is None else a.movedim(d, 0)).contiguous()
             for a, d in zip(args[:row_args], in_dims)]
     rows = [a.reshape(-1) if i in stat_args else a for i, a in enumerate(rows)]
-    outs = regroup(apply(*rows, *args[row_args:]), rows, B)
+    # rows a sample, from x's shape (a batch of none has no total to divide)
+    n = math.prod(rows[0].shape[1:-1])
+    outs = regroup(apply(*rows, *args[row_args:]), rows, B, n)
     return outs, (0,) * len(outs)
 
 
-def _weight_grads_by_sample(dy, x, mu, rs, B):
+def _weight_grads_by_sample(dy, x, mu, rs, B, n):
     """Each sample's weight gradients, (dgamma,) or with ``mu`` (layernorm) (dgamma, dbeta), from
-    the folded rows of a batch of B samples: the sums over a sample's rows of dy * xhat (and of
+    the folded rows of a batch of B samples of n rows: the sums over a sample's rows of dy * xhat (and of
     dy), in fp32 (fp64 for fp64), where the kernel's finalize sums over every row of the call.
     rsigma enters through a batched product over the rows, so one temporary of x's size is made
     (three made the sums slower than the dx kernel on the CPU)."""
     ct = torch.float64 if x.dtype == torch.float64 else torch.float32
     H = x.shape[-1]
-    dy, x = dy.to(ct).reshape(B, -1, H), x.to(ct).reshape(B, -1, H)
-    dy_xc = dy * x if mu is None else (x - mu.reshape(B, -1, 1)).mul_(dy)
-    dgamma = torch.bmm(rs.reshape(B, 1, -1), dy_xc).reshape(B, H)
+    dy, x = dy.to(ct).reshape(B, n, H), x.to(ct).reshape(B, n, H)
+    dy_xc = dy * x if mu is None else (x - mu.reshape(B, n, 1)).mul_(dy)
+    dgamma = torch.bmm(rs.reshape(B, 1, n), dy_xc).reshape(B, H)
     return (dgamma,) + (() if mu is None else (dy.sum(1),))
 
 
@@ -342,9 +345,9 @@ def _backward_fold(at):
     (None for rmsnorm) and rsigma are among its args. dx comes from one kernel call over the
     whole batch; each sample's weight gradients are summed apart (_weight_grads_by_sample). A
     missing dy (an add-norm whose y is unused) leaves it to the rule by sample."""
-    def regroup(outs, rows, B):
+    def regroup(outs, rows, B, n):
         dy, x, mu, rs = (None if i is None else rows[i] for i in at)
-        return (outs[0], *(g.to(o.dtype) for g, o in zip(_weight_grads_by_sample(dy, x, mu, rs, B), outs[1:])))
+        return (outs[0], *(g.to(o.dtype) for g, o in zip(_weight_grads_by_sample(dy, x, mu, rs, B, n), outs[1:])))
     return {"row_args": max(i for i in at if i is not None) + 1, "regroup": regroup,
             "stat_args": tuple(i for i in at[2:] if i is not None), "needed": (at[0],)}
 
@@ -352,8 +355,8 @@ def _backward_fold(at):
 def _forward_fold(row_args: int, stats):
     """The fold of a forward's vmap (_vmap_folded's keywords): its first ``row_args`` args (x,
     and residual) are rows; each statistic (one value a row) is split back by sample."""
-    def regroup(outs, rows, B):
-        return tuple(o.reshape(B, -1) if i in stats else o for i, o in enumerate(outs))
+    def regroup(outs, rows, B, n):
+        return tuple(o.reshape(B, n) if i in stats else o for i, o in enumerate(outs))
     return {"row_args": row_args, "regroup": regroup}
 
 
