@@ -1231,14 +1231,69 @@ def test_vmap_of_fp8_ops_and_a_float32_norm_against_float64(gen):
 
 
 def test_transforms_that_are_not_supported_say_so(gen):
-    from torch.func import grad, jvp
+    from torch.func import grad, hessian, jvp
     x, _, w, _ = _func_case(gen, (4, 16))
     with pytest.raises(RuntimeError, match="rms_norm_fp8 is forward-only"):
         grad(lambda t: tn.rms_norm_fp8(t.float(), None, 2.0)[0].float().sum())(x)
+    with pytest.raises(RuntimeError, match="layer_norm_add_fp8 is forward-only"):
+        jvp(lambda t: tn.layer_norm_add_fp8(t.float(), t.float(), None, None, 2.0)[1], (x,), (x,))
     with pytest.raises(RuntimeError, match="not differentiable"):
         grad(lambda t: grad(lambda u: tn.rms_norm(u, w).pow(2).sum())(t).sum())(x)
-    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
-        jvp(lambda t: tn.layer_norm(t, w, None), (x,), (x,))
+    with pytest.raises(RuntimeError, match="not differentiable"):  # forward over reverse
+        hessian(lambda t: tn.layer_norm(t, w, None).pow(2).sum())(x[0])
+
+
+_FORWARD_MODE_OPS = {  # op -> (ours, torch's) of (x, residual, w, b)
+    "rms_norm": (lambda x, r, w, b: tn.rms_norm(x, w), lambda x, r, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+    "rms_norm zc": (lambda x, r, w, b: tn.rms_norm(x, w, zero_centered_gamma=True),
+                    lambda x, r, w, b: F.rms_norm(x, (x.shape[-1],), w + 1, 1e-6)),
+    "layer_norm": (lambda x, r, w, b: tn.layer_norm(x, w, b),
+                   lambda x, r, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)),
+    "rms_norm_add": (lambda x, r, w, b: tn.rms_norm_add(x, r, w),
+                     lambda x, r, w, b: (F.rms_norm(x + r, (x.shape[-1],), w, 1e-6), x + r)),
+    "layer_norm_add zc": (lambda x, r, w, b: tn.layer_norm_add(x, r, w, b, zero_centered_gamma=True),
+                          lambda x, r, w, b: (F.layer_norm(x + r, (x.shape[-1],), w + 1, b, 1e-5), x + r)),
+}
+
+
+@pytest.mark.parametrize("op", _FORWARD_MODE_OPS)
+def test_forward_mode_matches_torch(op, gen):
+    """jvp (torch.func's, and forward_ad's dual tensors, which the kernels alone passed through
+    with the tangent dropped) and jacfwd against torch's norms in float64, tangents on every
+    input, then on the weight alone; the kernels give the primal."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jacfwd, jvp
+    ours, theirs = _FORWARD_MODE_OPS[op]
+    primals, tangents = _func_case(gen, (3, 5, 96)), _func_case(gen, (3, 5, 96))
+    as_tuple = lambda v: v if isinstance(v, tuple) else (v,)  # noqa: E731
+    (y, t), (y_ref, t_ref) = (jvp(f, primals, tangents) for f in (ours, theirs))
+    for name, got, want in zip(("y", "h"), as_tuple(y) + as_tuple(t), as_tuple(y_ref) + as_tuple(t_ref)):
+        assert_close(f"{op} {name}", got, want)
+    for name, got, want in zip(("y tangent", "h tangent"), as_tuple(t), as_tuple(t_ref)):
+        assert_close(f"{op} {name}", got, want)
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(p, d) for p, d in zip(primals, tangents)]
+        for got, want in zip(as_tuple(ours(*duals)), as_tuple(t_ref)):
+            assert_close(f"{op} dual tangent", fwAD.unpack_dual(got).tangent, want)
+    x, r, w, b = primals
+    t_w = jvp(lambda u: ours(x, r, u, b), (w,), (tangents[2],))[1]
+    assert_close(f"{op} weight's tangent", as_tuple(t_w)[0],
+                 as_tuple(jvp(lambda u: theirs(x, r, u, b), (w,), (tangents[2],))[1])[0])
+    row = lambda f: lambda u: as_tuple(f(u, r[0, 0], w, b))[0]  # noqa: E731
+    assert_close(f"{op} jacfwd", jacfwd(row(ours))(x[0, 0]), jacfwd(row(theirs))(x[0, 0]))
+
+
+def test_forward_mode_keeps_each_outputs_dtype(gen):
+    """A bf16 x with fp32 weights and an fp32 y: the tangent has y's dtype (h's, x's), and is
+    close to torch's in float64 at bf16 tolerance."""
+    from torch.func import jvp
+    x, tx = rand(gen, (6, 200), torch.bfloat16, offset=1.0), rand(gen, (6, 200), torch.bfloat16)
+    w = 1 + 0.5 * torch.randn(200, generator=gen)
+    (y, h), (ty, th) = jvp(lambda t: tn.rms_norm_add(t, t, w, out_dtype=torch.float32), (x,), (tx,))
+    assert (y.dtype, ty.dtype, h.dtype, th.dtype) == (torch.float32, torch.float32, torch.bfloat16, torch.bfloat16)
+    want = jvp(lambda t: F.rms_norm(2 * t, (200,), w.double(), 1e-6), (x.double(),), (tx.double(),))[1]
+    assert_close("y tangent", ty, want, dtype=torch.bfloat16)
+    assert torch.equal(th, (2 * tx).to(torch.bfloat16))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import math
 from typing import Optional
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from ..runtime import checked_eps
 from . import _host
@@ -83,8 +84,8 @@ def _forward_only(op: str, outputs: tuple, *inputs) -> tuple:
 
 
 def _fp8_refusal(op: str) -> str:
-    return (f"{op} is forward-only (its fp8 output has no backward): for a gradient, run the norm in "
-            f"bf16/fp16 (rms_norm, layer_norm, *_add) and quantize its output")
+    return (f"{op} is forward-only (its fp8 output has no derivative, reverse or forward mode): for a "
+            f"gradient, run the norm in bf16/fp16 (rms_norm, layer_norm, *_add) and quantize its output")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,9 +291,13 @@ class LayerNormAddFunction(torch.autograd.Function):
 # and backward fold a batch of x into their rows (one call each; the backward's weight
 # gradients, which its kernel sums over every row, are summed again by sample); a batch of
 # weights and the fp8 ops (whose amax would be the batch's) take one call a sample, stacked.
+# Forward mode (jvp: torch.func's, and torch.autograd.forward_ad's dual tensors) runs the
+# kernels for the primal and torch ops for the tangent (_norm_tangent).
 
 def _functorch_active() -> bool:
-    return torch._C._are_functorch_transforms_active()
+    """A torch.func transform, or a forward-AD dual level: both need the Functions below (a dual
+    x through the kernels alone came back with its tangent dropped, silently)."""
+    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
 def _vmap_by_sample(apply, info, in_dims, args):
@@ -360,8 +365,40 @@ def _forward_fold(row_args: int, stats):
     return {"row_args": row_args, "regroup": regroup}
 
 
+def _plus(a, b):
+    """a + b where None is a zero tangent."""
+    return a if b is None else b if a is None else a + b
+
+
+def _norm_tangent(x, tx, mu, rs, w, tw, tb, zc, y):
+    """The forward-mode tangent of a norm's y = xhat * g (+ bias), g = w or 1 + w, from x's
+    tangent tx and the weights' tw, tb (any may be None: zero), in fp32 (fp64 for fp64) by torch
+    ops, in y's dtype: xhat's is rsigma * (tc - xhat * mean(xhat * tc)), tc = tx less its row
+    mean for layernorm (``mu`` given), none for rmsnorm. None where every tangent is."""
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    rows = (*x.shape[:-1], 1)
+    xhat = (x.to(ct) if mu is None else x.to(ct) - mu.reshape(rows)) * rs.reshape(rows)
+    t = None
+    if tx is not None:
+        tc = tx.to(ct) if mu is None else tx.to(ct) - tx.to(ct).mean(-1, keepdim=True)
+        g = w.to(ct) + 1 if zc else w.to(ct)
+        t = rs.reshape(rows) * (tc - xhat * (xhat * tc).mean(-1, keepdim=True)) * g
+    t = _plus(t, None if tw is None else xhat * tw.to(ct))
+    t = _plus(t, None if tb is None else tb.to(ct).expand_as(xhat))
+    return None if t is None else t.to(y.dtype)
+
+
+def _add_norm_tangents(i, o, t, mu, rs, bias):
+    """(y's, h's) tangents of an add-norm: h = x + residual, whose tangent is theirs, then the
+    norm of h. h's is zeros where neither has one (None there failed an internal assert of
+    torch's forward AD, "Expected both tensor and its forward grad to be floating point")."""
+    th = _plus(t[0], t[1])
+    return (_norm_tangent(o[1], th, mu, rs, i[2], t[2], t[3] if bias else None, i[-2], o[0]),
+            torch.zeros_like(o[1]) if th is None else th.to(o[1].dtype))
+
+
 def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, input_grads=None, refusal=NOT_TWICE,
-                   row_args=0, bwd_at=None, fold=None):
+                   row_args=0, bwd_at=None, fold=None, tangent=None):
     """An autograd.Function over ``fwd(*inputs) -> outputs`` for torch.func. ``stats`` are the
     output positions that are statistics (never differentiable); the gradients of the first
     ``diff_outputs`` outputs and ``save(inputs, outputs)`` go to ``bwd``, whose results
@@ -369,7 +406,9 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
     Function), a backward that reaches an output raises ``refusal``. vmap folds a batch into the
     rows of one call by ``fold`` (_vmap_folded's keywords), by default the forward's of its
     first ``row_args`` args (_forward_fold), else it takes a call a sample; ``bwd_at`` (where dy,
-    x, mu and rsigma are among bwd's args) folds the backward's (_backward_fold)."""
+    x, mu and rsigma are among bwd's args) folds the backward's (_backward_fold).
+    ``tangent(inputs, outputs, input_tangents)`` gives the outputs' tangents in forward mode;
+    without it, a forward-mode derivative raises ``refusal``."""
     fold = fold or (_forward_fold(row_args, stats) if row_args else None)
 
     # the backward's own Function: the bwd kernels, whose backward raises (not differentiable)
@@ -388,6 +427,11 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
             if bwd is not None:
                 ctx.save_for_backward(*save(inputs, output))
                 ctx.zc = inputs[-2]
+            if tangent is not None:
+                values = (*inputs, *output)
+                ctx.fwd_slots = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+                ctx.fwd_other = {i: v for i, v in enumerate(values) if not isinstance(v, torch.Tensor)}
+                ctx.save_for_forward(*(values[i] for i in ctx.fwd_slots))
 
         @staticmethod
         def backward(ctx, *grads):
@@ -400,8 +444,11 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
 
         @staticmethod
         def jvp(ctx, *tangents):
-            raise NotImplementedError(f"{name}: tvmnorm's ops have no forward-mode derivative (torch.func.jvp, "
-                                      f"jacfwd, hessian); reverse mode (grad, vjp, jacrev) works")
+            if tangent is None:
+                raise RuntimeError(refusal)
+            saved = {**ctx.fwd_other, **dict(zip(ctx.fwd_slots, ctx.saved_tensors))}
+            values = [saved[i] for i in range(len(saved))]
+            return tangent(values[:len(tangents)], values[len(tangents):], tangents)
 
         @staticmethod
         def vmap(info, in_dims, *args):
@@ -414,17 +461,23 @@ def _transformable(name, fwd, bwd=None, stats=(), diff_outputs=1, save=None, inp
 
 # save(inputs, outputs) lists the saved tensors in the order of bwd's arguments after the gradients
 _RMS_T = _transformable("rms_norm", _rms_fwd_impl, _rms_bwd_impl, stats=(1,), save=lambda i, o: (i[0], o[1], i[1]),
-                        input_grads=lambda g: (*g, None, None, None), row_args=1, bwd_at=(0, 1, None, 2))
+                        input_grads=lambda g: (*g, None, None, None), row_args=1, bwd_at=(0, 1, None, 2),
+                        tangent=lambda i, o, t: (_norm_tangent(i[0], t[0], None, o[1], i[1], t[1], None, i[3], o[0]),
+                                                 None))
 _LN_T = _transformable("layer_norm", _ln_fwd_impl, _ln_bwd_impl, stats=(1, 2), row_args=1, bwd_at=(0, 1, 2, 3),
-                       save=lambda i, o: (i[0], o[1], o[2], i[1]), input_grads=lambda g: (*g, None, None, None))
+                       save=lambda i, o: (i[0], o[1], o[2], i[1]), input_grads=lambda g: (*g, None, None, None),
+                       tangent=lambda i, o, t: (_norm_tangent(i[0], t[0], o[1], o[2], i[1], t[1], t[2], i[4], o[0]),
+                                                None, None))
 _RMS_ADD_T = _transformable("rms_norm_add", _rms_add_fwd_impl, _rms_add_bwd_impl, stats=(2,), diff_outputs=2,
                             row_args=2, bwd_at=(0, 2, None, 3),
                             save=lambda i, o: (o[1], o[2], i[2]),
-                            input_grads=lambda g: (g[0], g[0], g[1], None, None, None))
+                            input_grads=lambda g: (g[0], g[0], g[1], None, None, None),
+                            tangent=lambda i, o, t: (*_add_norm_tangents(i, o, t, None, o[2], False), None))
 _LN_ADD_T = _transformable("layer_norm_add", _ln_add_fwd_impl, _ln_add_bwd_impl, stats=(2, 3), diff_outputs=2,
                            row_args=2, bwd_at=(0, 2, 3, 4),
                            save=lambda i, o: (o[1], o[2], o[3], i[2]),
-                           input_grads=lambda g: (g[0], g[0], *g[1:], None, None, None))
+                           input_grads=lambda g: (g[0], g[0], *g[1:], None, None, None),
+                           tangent=lambda i, o, t: (*_add_norm_tangents(i, o, t, o[2], o[3], True), None, None))
 _FP8_T = {name: _transformable(name, impl, stats=(n - 1,), refusal=_fp8_refusal(name)) for name, impl, n in (
     ("rms_norm_fp8", _rms_fp8_impl, 2), ("layer_norm_fp8", _ln_fp8_impl, 2),
     ("rms_norm_add_fp8", _rms_add_fp8_impl, 3), ("layer_norm_add_fp8", _ln_add_fp8_impl, 3))}
