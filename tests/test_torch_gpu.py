@@ -390,3 +390,20 @@ def test_per_sample_gradients_cuda(dtype, gen):
     for name, g, e in zip(("dw", "db", "dx"), got, want):
         assert g.shape == e.shape and g.dtype == dtype
         assert_close(name, g, e)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+def test_forward_mode_cuda(dtype, gen):
+    """torch.func.jvp on CUDA tensors: the kernels' primal and the tangent by torch ops, against
+    torch's layer_norm_add in float64 (test_torch.py checks every norm on the CPU)."""
+    from torch.func import jvp
+    x, r, tx = (rand(gen, (3, 5, 1000), dtype, offset=1.0, device=DEV) for _ in range(3))
+    w = (1 + 0.5 * torch.randn(1000, generator=gen)).to(DEV, dtype)
+    b = (0.5 * torch.randn(1000, generator=gen)).to(DEV, dtype)
+    (y, h), (ty, th) = jvp(lambda t: tn.layer_norm_add(t, r, w, b), (x,), (tx,))
+    want = jvp(lambda t: F.layer_norm(t + r.double(), (1000,), w.double(), b.double(), 1e-5), (x.double(),),
+               (tx.double(),))
+    assert (y.dtype, ty.dtype, th.dtype) == (dtype, dtype, dtype)
+    assert_close("y", y, want[0])
+    assert_close("y tangent", ty, want[1])
+    assert torch.equal(th, tx)
