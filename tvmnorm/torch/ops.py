@@ -281,7 +281,7 @@ class LayerNormAddFunction(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.func transforms (vmap, grad, vjp, jacrev and their compositions).
+# torch.func transforms (vmap, grad, vjp, jacrev, jvp, jacfwd and their compositions).
 #
 # Under a transform the tensors are functorch wrappers without storage, which the kernels cannot
 # take, and torch.func accepts only an autograd.Function with setup_context (the eager Functions
