@@ -1267,7 +1267,7 @@ def test_forward_mode_matches_torch(op, gen):
     primals, tangents = _func_case(gen, (3, 5, 96)), _func_case(gen, (3, 5, 96))
     as_tuple = lambda v: v if isinstance(v, tuple) else (v,)  # noqa: E731
     (y, t), (y_ref, t_ref) = (jvp(f, primals, tangents) for f in (ours, theirs))
-    for name, got, want in zip(("y", "h"), as_tuple(y) + as_tuple(t), as_tuple(y_ref) + as_tuple(t_ref)):
+    for name, got, want in zip(("y", "h"), as_tuple(y), as_tuple(y_ref)):
         assert_close(f"{op} {name}", got, want)
     for name, got, want in zip(("y tangent", "h tangent"), as_tuple(t), as_tuple(t_ref)):
         assert_close(f"{op} {name}", got, want)
