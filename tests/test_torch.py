@@ -215,6 +215,11 @@ def test_grads_match_torch_same_dtype(norm, dtype, gen):
         assert_close(name, a, t, rtol=4 * RTOL[dtype], atol=4 * ATOL[dtype])
 
 
+# batched gradients (torch's legacy vmap: autograd.grad's is_grads_batched) and forward mode,
+# each batched too, besides the plain check
+ALL_GRADCHECKS = {"check_batched_grad": True, "check_forward_ad": True, "check_batched_forward_grad": True}
+
+
 @pytest.mark.parametrize("zc", (False, True))
 @pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
 def test_gradcheck_fp64(norm, zc, gen):
@@ -226,13 +231,30 @@ def test_gradcheck_fp64(norm, zc, gen):
         fn, ins = (lambda x, w: tn.rms_norm(x, w, 1e-6, zero_centered_gamma=zc)), (x, w)
     else:
         fn, ins = (lambda x, w, b: tn.layer_norm(x, w, b, 1e-5, zero_centered_gamma=zc)), (x, w, b)
-    assert torch.autograd.gradcheck(fn, ins)
+    assert torch.autograd.gradcheck(fn, ins, **ALL_GRADCHECKS)
     # the registered op's own autograd (what torch.compile uses) too
     if norm == "rmsnorm":
         op = lambda x, w: torch.ops.tvmnorm.rms_norm_fwd(x, w, 1e-6, zc, torch.float64)[0]  # noqa: E731
     else:
         op = lambda x, w, b: torch.ops.tvmnorm.layer_norm_fwd(x, w, b, 1e-5, zc, torch.float64)[0]  # noqa: E731
     assert torch.autograd.gradcheck(op, ins)
+
+
+@pytest.mark.parametrize("norm", ("rmsnorm", "layernorm"))
+def test_batched_gradients_match_torch(norm, gen):
+    """autograd.grad(..., is_grads_batched=True) (what torch.autograd.functional.jacobian's
+    vectorize=True runs): the backward gets gradients without storage, which no kernel can read,
+    and computes them by torch ops; a bf16 x with fp32 weights against float64."""
+    x = rand(gen, (5, 96), torch.bfloat16, offset=1.0, requires_grad=True)
+    w = (1 + 0.5 * torch.randn(96, generator=gen)).requires_grad_()
+    v = rand(gen, (4, 5, 96), torch.bfloat16)
+    got = torch.autograd.grad(run(norm, x, w, None, 1e-5), (x, w), v, is_grads_batched=True)
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y = F.rms_norm(xr, (96,), wr, 1e-5) if norm == "rmsnorm" else F.layer_norm(xr, (96,), wr, None, 1e-5)
+    want = torch.autograd.grad(y, (xr, wr), v.double(), is_grads_batched=True)
+    for name, g, e, a in zip(("dx", "dw"), got, want, (x, w)):
+        assert g.dtype == a.dtype and g.shape == e.shape
+        assert_close(name, g, e, dtype=torch.bfloat16)
 
 
 def test_gradcheck_fp64_hidden1_and_no_weight(gen):
@@ -362,7 +384,7 @@ def test_add_norm_gradcheck_fp64(norm, gen):
     else:
         fn, ins = (lambda x, r, w, b: tn.layer_norm_add(x, r, w, b, 1e-5)), (x, r, w, b)
         op = lambda x, r, w, b: torch.ops.tvmnorm.layer_norm_add_fwd(x, r, w, b, 1e-5, True, torch.float64)[:2]  # noqa: E731
-    assert torch.autograd.gradcheck(fn, ins)
+    assert torch.autograd.gradcheck(fn, ins, **ALL_GRADCHECKS)
     assert torch.autograd.gradcheck(op, ins)  # the registered op's autograd (torch.compile's)
 
 
@@ -1241,6 +1263,11 @@ def test_transforms_that_are_not_supported_say_so(gen):
         grad(lambda t: grad(lambda u: tn.rms_norm(u, w).pow(2).sum())(t).sum())(x)
     with pytest.raises(RuntimeError, match="not differentiable"):  # forward over reverse
         hessian(lambda t: tn.layer_norm(t, w, None).pow(2).sum())(x[0])
+    from torch._vmap_internals import vmap as legacy_vmap
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "Please use torch.vmap"
+        with pytest.raises(TypeError, match="rms_norm: x is a tensor without storage .* use torch.func.vmap"):
+            legacy_vmap(lambda t: tn.rms_norm(t, w))(x)
 
 
 _FORWARD_MODE_OPS = {  # op -> (ours, torch's) of (x, residual, w, b)

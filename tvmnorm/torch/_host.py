@@ -111,6 +111,12 @@ def check_x(op: str, x, weights) -> int:
             raise ValueError(f"{op}: x is on {x.device}; tvmnorm runs on cpu and cuda tensors (and meta, "
                              f"for shapes)")
         meta = True
+    for name, t in ([("x", x)] if meta else [("x", x), *weights]):
+        if not torch._C._has_storage(t):
+            # torch's legacy vmap (torch._vmap_internals) batches without storage, which the kernels
+            # read through; torch.func.vmap reaches the ops' vmap rules instead
+            raise TypeError(f"{op}: {name} is a tensor without storage (a batched tensor of torch's legacy "
+                            f"vmap?), which the kernels cannot read; use torch.func.vmap")
     index = x.get_device()  # -1 on the CPU; with is_cuda/is_cpu it names the device without a torch.device
     for name, w in weights:
         if w.shape != (hidden,):

@@ -104,15 +104,54 @@ def _ln_fwd_impl(x, w, b, eps, zc, out_dtype, op="layer_norm"):
 
 def _rms_bwd_impl(dy, x, rs, w, zc, dz=None):
     """dz: a gradient added into dx by the kernel (bwd_add; see _add_grads)."""
+    if _storage_less(dy, dz):
+        return _bwd_by_torch_ops(dy, x, None, rs, w, zc, dz)
     hidden = x.shape[-1]
     return _host.rms_bwd(_host.compact_rows(dy, hidden), x, rs, _host.compact_weight(w, hidden), zc,
                          None if dz is None else _host.compact_rows(dz, hidden))
 
 
 def _ln_bwd_impl(dy, x, mu, rs, w, zc, dz=None):
+    if _storage_less(dy, dz):
+        return _bwd_by_torch_ops(dy, x, mu, rs, w, zc, dz)
     hidden = x.shape[-1]
     return _host.ln_bwd(_host.compact_rows(dy, hidden), x, mu, rs, _host.compact_weight(w, hidden), zc,
                         None if dz is None else _host.compact_rows(dz, hidden))
+
+
+def _storage_less(*grads) -> bool:
+    """A gradient without storage: torch's own batched gradients (autograd.grad with
+    is_grads_batched=True, gradcheck's check_batched_grad: the legacy vmap, which torch.func's
+    rules do not see) reach the backward as such, and a kernel cannot read them. (A sparse
+    gradient has no storage either; the kernels get it made dense.)"""
+    return any(g is not None and g.layout == torch.strided and not torch._C._has_storage(g) for g in grads)
+
+
+def _compute_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _xhat(x, mu, rs):
+    """x normalised again from its statistics (mu None for rmsnorm), in fp32 (fp64 for fp64),
+    for the gradients and tangents computed by torch ops."""
+    rows = (*x.shape[:-1], 1)
+    x = x.to(_compute_dtype(x))
+    return (x if mu is None else x - mu.reshape(rows)) * rs.reshape(rows)
+
+
+def _bwd_by_torch_ops(dy, x, mu, rs, w, zc, dz):
+    """The bwd kernels' results, (dx, dweight) or with mu (dx, dweight, dbias), by torch ops, for
+    gradients the kernels cannot take (_storage_less): dx = rsigma * (g dy - xhat mean(g dy xhat)),
+    less mean(g dy) for layernorm, plus dz."""
+    ct = _compute_dtype(x)
+    xhat, dy = _xhat(x, mu, rs), dy.to(ct)
+    g_dy = dy * (w.to(ct) + 1 if zc else w.to(ct))
+    centred = g_dy if mu is None else g_dy - g_dy.mean(-1, keepdim=True)
+    dx = rs.reshape(*x.shape[:-1], 1) * (centred - xhat * (g_dy * xhat).mean(-1, keepdim=True))
+    dx = _plus(dx, None if dz is None else dz.to(ct)).to(x.dtype)
+    leading = tuple(range(x.dim() - 1))
+    dw = (dy * xhat).sum(leading).to(w.dtype)
+    return (dx, dw) if mu is None else (dx, dw, dy.sum(leading).to(w.dtype))
 
 
 def _check_residual(op, x, residual):
@@ -333,12 +372,11 @@ def _vmap_folded(apply, info, in_dims, args, row_args: int, regroup, stat_args=(
 
 def _weight_grads_by_sample(dy, x, mu, rs, B, n):
     """Each sample's weight gradients, (dgamma,) or with ``mu`` (layernorm) (dgamma, dbeta), from
-    the folded rows of a batch of B samples of n rows: the sums over a sample's rows of dy * xhat (and of
-    dy), in fp32 (fp64 for fp64), where the kernel's finalize sums over every row of the call.
-    rsigma enters through a batched product over the rows, so one temporary of x's size is made
-    (three made the sums slower than the dx kernel on the CPU)."""
-    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
-    H = x.shape[-1]
+    the folded rows of a batch of B samples of n rows: the sums over a sample's rows of dy * xhat
+    (and of dy), in fp32 (fp64 for fp64), where the kernel's finalize sums over every row of the
+    call. rsigma enters through a batched product over the rows, so one temporary of x's size is
+    made (three made the sums slower than the dx kernel on the CPU)."""
+    ct, H = _compute_dtype(x), x.shape[-1]
     dy, x = dy.to(ct).reshape(B, n, H), x.to(ct).reshape(B, n, H)
     dy_xc = dy * x if mu is None else (x - mu.reshape(B, n, 1)).mul_(dy)
     dgamma = torch.bmm(rs.reshape(B, 1, n), dy_xc).reshape(B, H)
@@ -375,9 +413,8 @@ def _norm_tangent(x, tx, mu, rs, w, tw, tb, zc, y):
     tangent tx and the weights' tw, tb (any may be None: zero), in fp32 (fp64 for fp64) by torch
     ops, in y's dtype: xhat's is rsigma * (tc - xhat * mean(xhat * tc)), tc = tx less its row
     mean for layernorm (``mu`` given), none for rmsnorm. None where every tangent is."""
-    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
-    rows = (*x.shape[:-1], 1)
-    xhat = (x.to(ct) if mu is None else x.to(ct) - mu.reshape(rows)) * rs.reshape(rows)
+    ct, rows = _compute_dtype(x), (*x.shape[:-1], 1)
+    xhat = _xhat(x, mu, rs)
     t = None
     if tx is not None:
         tc = tx.to(ct) if mu is None else tx.to(ct) - tx.to(ct).mean(-1, keepdim=True)
