@@ -139,15 +139,24 @@ def _xhat(x, mu, rs):
     return (x if mu is None else x - mu.reshape(rows)) * rs.reshape(rows)
 
 
+def _gamma(w, zc, ct):
+    return w.to(ct) + 1 if zc else w.to(ct)
+
+
+def _through_xhat(v, xhat, rs, layernorm: bool):
+    """v through the Jacobian of xhat in x, rsigma * (v - xhat * mean(xhat * v)), less mean(v)
+    for layernorm: symmetric, so one formula gives the backward (v = g dy: dx) and the forward
+    mode (v = x's tangent: xhat's)."""
+    centred = v - v.mean(-1, keepdim=True) if layernorm else v
+    return rs.reshape(*xhat.shape[:-1], 1) * (centred - xhat * (v * xhat).mean(-1, keepdim=True))
+
+
 def _bwd_by_torch_ops(dy, x, mu, rs, w, zc, dz):
     """The bwd kernels' results, (dx, dweight) or with mu (dx, dweight, dbias), by torch ops, for
-    gradients the kernels cannot take (_storage_less): dx = rsigma * (g dy - xhat mean(g dy xhat)),
-    less mean(g dy) for layernorm, plus dz."""
+    gradients the kernels cannot take (_storage_less), plus dz."""
     ct = _compute_dtype(x)
     xhat, dy = _xhat(x, mu, rs), dy.to(ct)
-    g_dy = dy * (w.to(ct) + 1 if zc else w.to(ct))
-    centred = g_dy if mu is None else g_dy - g_dy.mean(-1, keepdim=True)
-    dx = rs.reshape(*x.shape[:-1], 1) * (centred - xhat * (g_dy * xhat).mean(-1, keepdim=True))
+    dx = _through_xhat(dy * _gamma(w, zc, ct), xhat, rs, mu is not None)
     dx = _plus(dx, None if dz is None else dz.to(ct)).to(x.dtype)
     leading = tuple(range(x.dim() - 1))
     dw = (dy * xhat).sum(leading).to(w.dtype)
@@ -333,7 +342,7 @@ class LayerNormAddFunction(torch.autograd.Function):
 # Forward mode (jvp: torch.func's, and torch.autograd.forward_ad's dual tensors) runs the
 # kernels for the primal and torch ops for the tangent (_norm_tangent).
 
-def _functorch_active() -> bool:
+def _transform_active() -> bool:
     """A torch.func transform, or a forward-AD dual level: both need the Functions below (a dual
     x through the kernels alone came back with its tangent dropped, silently)."""
     return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
@@ -411,15 +420,11 @@ def _plus(a, b):
 def _norm_tangent(x, tx, mu, rs, w, tw, tb, zc, y):
     """The forward-mode tangent of a norm's y = xhat * g (+ bias), g = w or 1 + w, from x's
     tangent tx and the weights' tw, tb (any may be None: zero), in fp32 (fp64 for fp64) by torch
-    ops, in y's dtype: xhat's is rsigma * (tc - xhat * mean(xhat * tc)), tc = tx less its row
-    mean for layernorm (``mu`` given), none for rmsnorm. None where every tangent is."""
-    ct, rows = _compute_dtype(x), (*x.shape[:-1], 1)
+    ops, in y's dtype (xhat's tangent: _through_xhat; ``mu`` given for layernorm). None where
+    every tangent is."""
+    ct = _compute_dtype(x)
     xhat = _xhat(x, mu, rs)
-    t = None
-    if tx is not None:
-        tc = tx.to(ct) if mu is None else tx.to(ct) - tx.to(ct).mean(-1, keepdim=True)
-        g = w.to(ct) + 1 if zc else w.to(ct)
-        t = rs.reshape(rows) * (tc - xhat * (xhat * tc).mean(-1, keepdim=True)) * g
+    t = None if tx is None else _through_xhat(tx.to(ct), xhat, rs, mu is not None) * _gamma(w, zc, ct)
     t = _plus(t, None if tw is None else xhat * tw.to(ct))
     t = _plus(t, None if tb is None else tb.to(ct).expand_as(xhat))
     return None if t is None else t.to(y.dtype)
@@ -803,7 +808,7 @@ def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, zero_cen
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_fwd(x, weight, eps, zero_centered_gamma, out_dtype)[0]
-    if _functorch_active():
+    if _transform_active():
         return _RMS_T.apply(x, weight, eps, zero_centered_gamma, out_dtype)[0]
     if _needs_grad(x, weight):
         return RMSNormFunction.apply(x, weight, eps, zero_centered_gamma, out_dtype)
@@ -819,7 +824,7 @@ def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps:
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_fwd(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
-    if _functorch_active():
+    if _transform_active():
         return _LN_T.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)[0]
     if _needs_grad(x, weight, bias):
         return LayerNormFunction.apply(x, weight, bias, eps, zero_centered_gamma, out_dtype)
@@ -843,7 +848,7 @@ def rms_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: flo
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_add_fwd(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
-    if _functorch_active():
+    if _transform_active():
         return _RMS_ADD_T.apply(x, residual, weight, eps, zero_centered_gamma, out_dtype)[:2]
     if _needs_grad(x, residual, weight):
         return RMSNormAddFunction.apply(x, residual, weight, eps, zero_centered_gamma, out_dtype)
@@ -860,7 +865,7 @@ def layer_norm_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: 
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_add_fwd(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
-    if _functorch_active():
+    if _transform_active():
         return _LN_ADD_T.apply(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)[:2]
     if _needs_grad(x, residual, weight, bias):
         return LayerNormAddFunction.apply(x, residual, weight, bias, eps, zero_centered_gamma, out_dtype)
@@ -887,7 +892,7 @@ def rms_norm_fp8(x: Tensor, weight: Optional[Tensor], scale, eps: float = 1e-6, 
     scale = _scale_tensor("rms_norm_fp8", scale, x)
     if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_fp8_op(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
-    if _functorch_active():
+    if _transform_active():
         return _FP8_T["rms_norm_fp8"].apply(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         out = _rms_fp8_impl(x, weight, scale, eps, zero_centered_gamma, fp8_dtype)
@@ -901,7 +906,7 @@ def layer_norm_fp8(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
     scale = _scale_tensor("layer_norm_fp8", scale, x)
     if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_fp8_op(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
-    if _functorch_active():
+    if _transform_active():
         return _FP8_T["layer_norm_fp8"].apply(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         out = _ln_fp8_impl(x, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
@@ -919,7 +924,7 @@ def rms_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], scal
     scale = _scale_tensor("rms_norm_add_fp8", scale, x)
     if torch.compiler.is_compiling() or x.is_meta:
         return rms_norm_add_fp8_op(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
-    if _functorch_active():
+    if _transform_active():
         return _FP8_T["rms_norm_add_fp8"].apply(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
     with torch.no_grad():
         out = _rms_add_fp8_impl(x, residual, weight, scale, eps, zero_centered_gamma, fp8_dtype)
@@ -936,7 +941,7 @@ def layer_norm_add_fp8(x: Tensor, residual: Tensor, weight: Optional[Tensor], bi
     scale = _scale_tensor("layer_norm_add_fp8", scale, x)
     if torch.compiler.is_compiling() or x.is_meta:
         return layer_norm_add_fp8_op(x, residual, weight, bias, scale, eps, zero_centered_gamma, fp8_dtype)
-    if _functorch_active():
+    if _transform_active():
         return _FP8_T["layer_norm_add_fp8"].apply(x, residual, weight, bias, scale, eps, zero_centered_gamma,
                                                   fp8_dtype)
     with torch.no_grad():
